@@ -1,0 +1,61 @@
+"""The ``mme`` command line: one subcommand per pipeline step.
+
+``main(argv)`` is what tests call in-process; ``entry_point`` is the console script.
+Each step's module registers its own subcommand and imports heavy libraries (torch,
+TensorRT, Locust) only when that subcommand runs, so ``mme --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+from mme import __version__
+from mme.errors import MmeError, UsageError
+
+# Modules that define ``register(subparsers)``; order is the order shown in --help.
+COMMAND_MODULES = (
+    "packager.cli",
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing usage and exiting."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message} (see '{self.prog} --help')")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="mme",
+        description="Package, serve locally, size and load-test models for GPU multi-model endpoints.",
+    )
+    parser.add_argument("--version", action="version", version=f"mme {__version__}")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print only warnings, errors and results")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for module_name in COMMAND_MODULES:
+        importlib.import_module(module_name).register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return 2
+        return int(args.func(args) or 0)
+    except MmeError as exc:
+        print(f"mme: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("mme: interrupted; nothing half-written was left behind", file=sys.stderr)
+        return 130
+
+
+def entry_point() -> None:
+    sys.exit(main())

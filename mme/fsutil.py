@@ -1,0 +1,116 @@
+"""Filesystem helpers: atomic writes, staged directories, hashing, deterministic tarballs."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+from mme.errors import OutputDirError
+
+
+def sha256_of(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(chunk), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    write_bytes_atomic(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
+
+
+def ensure_writable_dir(path: Path, option: str = "--out") -> Path:
+    """Create ``path`` if needed and check that files can be created in it."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".write-check-")
+        os.close(fd)
+        os.unlink(probe)
+    except (PermissionError, FileExistsError, NotADirectoryError, OSError) as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise OutputDirError(
+            f"cannot write to {option} {path}: {reason.lower()}; choose a writable directory with {option}"
+        ) from None
+    return path
+
+
+@contextlib.contextmanager
+def staged_directory(final: Path) -> Iterator[Path]:
+    """Yield an empty staging directory next to ``final``; on success swap it into place.
+
+    On any error (or Ctrl-C) the staging directory is removed and ``final`` is untouched,
+    so a failed run never leaves something that looks like a good artifact. The swap
+    renames within one filesystem: readers see the old directory or the new one.
+    """
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.staging-"))
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    replace_directory(staging, final)
+
+
+def replace_directory(new: Path, final: Path) -> None:
+    old = None
+    if final.exists():
+        old = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.old-"))
+        os.rmdir(old)
+        os.replace(final, old)
+    try:
+        os.replace(new, final)
+    except BaseException:
+        if old is not None:
+            os.replace(old, final)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _normalise(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.mtime = 0
+    info.mode = 0o755 if info.isdir() else 0o644
+    return info
+
+
+def deterministic_tar_gz(src_dir: Path, arcname: str, dest: Path, compresslevel: int = 1) -> None:
+    """Tar ``src_dir`` as ``arcname/`` into ``dest`` (gzip), byte-identical for identical input.
+
+    Level 1: float weights barely compress (resnet50: 7% smaller at level 9, 4x slower).
+    """
+    entries = [src_dir] + sorted(src_dir.rglob("*"))
+    with open(dest, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=compresslevel) as gz:
+        with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for entry in entries:
+                if entry.is_symlink():
+                    raise OutputDirError(f"refusing to package symlink {entry}; copy the file instead")
+                name = arcname if entry == src_dir else f"{arcname}/{entry.relative_to(src_dir).as_posix()}"
+                tar.add(entry, arcname=name, recursive=False, filter=_normalise)

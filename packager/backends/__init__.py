@@ -1,0 +1,1 @@
+"""Files copied verbatim into Triton model directories (not imported by the toolkit)."""

@@ -1,0 +1,161 @@
+"""``mme package``: argument parsing only; the work is in ``packager.pipeline``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from mme.progress import Reporter
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be 0 or a positive integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or a positive integer, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    return tuple(positive_int(part) for part in text.split(",") if part.strip())
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "package",
+        help="export a timm / Hugging Face model, validate it, lay out Triton + MME artifacts",
+        description="Export MODEL to TorchScript / ONNX / TensorRT / the cpu-local format, validate every "
+        "export against PyTorch, and write artifacts/<model>/<format>/ (Triton model directory, MME "
+        "tarball, sample requests, manifest.json).",
+    )
+    p.add_argument("model", nargs="?", help="timm name (resnet50), Hugging Face name (bert-base-uncased) or hub id")
+    p.add_argument("--list", action="store_true", help="list known models (MODEL, if given, is a filter like 'convnext*')")
+    p.add_argument("--formats", default="torchscript,onnx,cpu-local",
+                   help="comma-separated: torchscript, onnx, cpu-local, tensorrt, torch-tensorrt, or 'all' "
+                   "(default: %(default)s)")
+    p.add_argument("--out", type=Path, default=Path("artifacts"), help="output root (default: %(default)s)")
+    p.add_argument("--family", choices=("timm", "huggingface"), help="force the model family")
+    weights = p.add_mutually_exclusive_group()
+    weights.add_argument("--pretrained", dest="weights", action="store_const", const="pretrained",
+                         help="require pretrained weights from the hub (default: use them when reachable)")
+    weights.add_argument("--no-pretrained", dest="weights", action="store_const", const="random",
+                         help="random weights, same architecture and size (benchmarks)")
+    weights.add_argument("--weights", dest="weights_path", type=Path, metavar="PATH",
+                         help="local checkpoint file, or a local Hugging Face model directory")
+    p.add_argument("--image-size", type=positive_int, help="square image side (default: the model's, usually 224)")
+    p.add_argument("--seq-len", type=positive_int, help="max sequence length for text models (default: 128)")
+    p.add_argument("--max-batch-size", type=positive_int, default=16, help="Triton max_batch_size (default: %(default)s)")
+    p.add_argument("--opset", type=positive_int, default=18, help="ONNX opset, 17 or newer (default: %(default)s)")
+    p.add_argument("--precision", choices=("fp32", "fp16"), default="fp32", help="TensorRT precision")
+    p.add_argument("--atol", type=positive_float, help="validation tolerance (default: per family; 5e-2 for fp16)")
+    p.add_argument("--dynamic-batching", action=argparse.BooleanOptionalAction, default=True,
+                   help="enable Triton's dynamic batcher (default: on)")
+    p.add_argument("--preferred-batch-sizes", type=int_list, default=(), metavar="N,N",
+                   help="dynamic batcher preferred batch sizes")
+    p.add_argument("--max-queue-delay-us", type=non_negative_int, default=100, help="dynamic batcher delay")
+    p.add_argument("--instance-count", type=positive_int, default=1, help="model instances per GPU/CPU")
+    p.add_argument("--instance-kind", choices=("gpu", "cpu"), help="override KIND_GPU / KIND_CPU")
+    p.add_argument("--warmup", action="store_true", help="add a batch-1 model_warmup to config.pbtxt")
+    p.add_argument("--cpu-threads", type=non_negative_int, default=2,
+                   help="ONNX Runtime intra-op threads in the cpu-local model (0 = all cores)")
+    p.add_argument("--workspace-gib", type=positive_float, default=4.0, help="TensorRT builder workspace")
+    p.add_argument("--triton-release", help="serving release the config targets (see mme/versions.toml)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seed for random weights and sample inputs")
+    p.add_argument("--json", action="store_true", help="print the packaged artifacts as JSON on stdout")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from mme.errors import UsageError
+
+    if args.list:
+        return _list(args)
+    if not args.model:
+        raise UsageError("mme package: give a MODEL (e.g. resnet50) or --list (see 'mme package --help')")
+
+    from packager.formats import parse_formats
+    from packager.formats.base import ExportOptions
+    from packager.model import ModelRequest
+    from packager.pipeline import PackageRequest, package
+    from packager.triton_config import TritonOptions
+
+    weights = "local" if args.weights_path else (args.weights or "auto")
+    request = PackageRequest(
+        model=ModelRequest(
+            name=args.model, weights=weights, weights_path=args.weights_path,
+            image_size=args.image_size, seq_len=args.seq_len, seed=args.seed,
+        ),
+        formats=parse_formats(args.formats),
+        out=args.out,
+        family=args.family,
+        export=ExportOptions(
+            opset=args.opset, max_batch_size=args.max_batch_size, precision=args.precision,
+            cpu_threads=args.cpu_threads, workspace_gib=args.workspace_gib,
+        ),
+        triton=TritonOptions(
+            max_batch_size=args.max_batch_size, dynamic_batching=args.dynamic_batching,
+            preferred_batch_sizes=args.preferred_batch_sizes, max_queue_delay_us=args.max_queue_delay_us,
+            instance_count=args.instance_count,
+            instance_kind={"gpu": "KIND_GPU", "cpu": "KIND_CPU", None: None}[args.instance_kind],
+            warmup=args.warmup,
+        ),
+        atol=args.atol,
+        triton_release=args.triton_release,
+    )
+    reporter = Reporter(quiet=args.quiet)
+    artifacts = package(request, reporter)
+    for artifact in artifacts:
+        m = artifact.manifest
+        size = artifact.tarball.stat().st_size / 1e6
+        reporter.info(
+            f"  {m.format:<15} -> {artifact.directory}  (max |diff| {m.validation['max_abs_diff']:.2e}, "
+            f"{m.tarball} {size:.1f} MB, weights: {m.weights})"
+        )
+    if args.json:
+        json.dump([a.manifest.to_dict() | {"directory": str(a.directory)} for a in artifacts], sys.stdout, indent=2)
+        print()
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from packager import registry
+    from packager.formats import FORMATS
+    from packager.sources import timm_source
+
+    pattern = args.model
+    for family, names in registry.list_models(pattern, args.family).items():
+        if family == timm_source.FAMILY and not pattern:
+            featured = ", ".join(timm_source.FEATURED)
+            print(f"{family}: {len(names)} models (filter with 'mme package --list PATTERN'); from the articles: {featured}")
+            continue
+        print(f"{family}: {len(names)} models")
+        for name in names:
+            print(f"  {name}")
+    print("formats:")
+    for name, fmt in FORMATS.items():
+        print(f"  {name:<15} {fmt.description}")
+    return 0

@@ -1,0 +1,37 @@
+"""Export formats. Each module defines one format; ``FORMATS`` is the table of them."""
+
+from __future__ import annotations
+
+from mme.errors import UsageError
+from packager.formats.base import ExportContext, ExportedModel, ExportOptions, ModelFormat
+from packager.formats.cpu_local import CpuLocalFormat
+from packager.formats.onnx_format import OnnxFormat
+from packager.formats.tensorrt_plan import TensorRTPlanFormat
+from packager.formats.torch_tensorrt import TorchTensorRTFormat
+from packager.formats.torchscript import TorchScriptFormat
+
+FORMATS: dict[str, ModelFormat] = {
+    f.name: f
+    for f in (TorchScriptFormat(), OnnxFormat(), CpuLocalFormat(), TensorRTPlanFormat(), TorchTensorRTFormat())
+}
+CPU_FORMATS = tuple(name for name, f in FORMATS.items() if not f.requires_gpu)
+DEFAULT_FORMATS = ("torchscript", "onnx", "cpu-local")
+
+
+def parse_formats(text: str) -> tuple[str, ...]:
+    """``"onnx,tensorrt"`` -> ("onnx", "tensorrt"); ``all`` means every format."""
+    if text.strip() == "all":
+        return tuple(FORMATS)
+    names = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+    if not names:
+        raise UsageError(f"--formats is empty; choose from {', '.join(FORMATS)} (or 'all')")
+    for name in names:
+        if name not in FORMATS:
+            raise UsageError(f"unknown format {name!r}; choose from {', '.join(FORMATS)} (or 'all')")
+    return names
+
+
+__all__ = [
+    "FORMATS", "CPU_FORMATS", "DEFAULT_FORMATS", "parse_formats",
+    "ExportContext", "ExportedModel", "ExportOptions", "ModelFormat",
+]

@@ -1,0 +1,86 @@
+"""What every export format provides, and the context an export runs in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol
+
+import numpy as np
+
+from mme.progress import Reporter
+from packager.model import LoadedModel
+from packager.spec import TensorSpec
+
+Runner = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    opset: int = 18
+    max_batch_size: int = 16
+    precision: str = "fp32"  # fp32 | fp16 (TensorRT formats)
+    cpu_threads: int = 2  # ONNX Runtime intra-op threads in the cpu-local model
+    workspace_gib: float = 4.0  # TensorRT builder workspace
+
+
+@dataclass(frozen=True)
+class ExportedModel:
+    """One exported model: the files of its Triton version directory and its I/O as
+    Triton sees it (names may differ from the spec: TorchScript uses INPUT__0...)."""
+
+    format: str
+    files: Mapping[str, Path]  # file name inside <model>/1/ -> path of the exported file
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.outputs)
+
+
+@dataclass
+class ExportContext:
+    """Shared by all formats of one `mme package` run: intermediates are made once
+    (the ONNX file feeds onnx, cpu-local and tensorrt; the TorchScript module feeds
+    torchscript and torch-tensorrt)."""
+
+    model: LoadedModel
+    options: ExportOptions
+    workdir: Path
+    reporter: Reporter
+    cache: dict[str, Any] = field(default_factory=dict)
+
+
+class ModelFormat(Protocol):
+    name: str
+    description: str
+    requires_gpu: bool
+    platform: str | None  # Triton platform (onnxruntime_onnx, ...) or None
+    backend: str | None  # Triton backend (python) or None
+    instance_kind: str  # KIND_GPU | KIND_CPU
+
+    def check_available(self) -> None:
+        """Raise GpuRequiredError (or MmeError) before any work if this format cannot be built here."""
+
+    def export(self, ctx: ExportContext) -> ExportedModel: ...
+
+    def runner(self, exported: ExportedModel, ctx: ExportContext) -> Runner: ...
+
+    def versions(self) -> dict[str, str]:
+        """Versions of the tools this format was built with, for the manifest."""
+
+
+def positional_names(specs: tuple[TensorSpec, ...], prefix: str) -> tuple[TensorSpec, ...]:
+    """Triton's libtorch naming convention: INPUT__0, INPUT__1, ... in declaration order."""
+    return tuple(s.renamed(f"{prefix}__{i}") for i, s in enumerate(specs))
+
+
+def package_version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None

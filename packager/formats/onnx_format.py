@@ -1,0 +1,107 @@
+"""ONNX for Triton's ``onnxruntime_onnx`` backend: opset >= 17, dynamic batch and sequence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mme.errors import ExportError
+from packager.formats.base import ExportContext, ExportedModel, Runner, package_version
+
+MIN_OPSET = 17
+
+
+def exported_onnx(ctx: ExportContext) -> Path:
+    """Export the model to ONNX once per run (shared by onnx, cpu-local and tensorrt)."""
+    if "onnx" not in ctx.cache:
+        ctx.cache["onnx"] = _export(ctx)
+    return ctx.cache["onnx"]
+
+
+def _export(ctx: ExportContext) -> Path:
+    import onnx
+    import torch
+
+    spec = ctx.model.spec
+    path = ctx.workdir / "onnx" / "model.onnx"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    batch = min(2, ctx.options.max_batch_size)
+    example = ctx.model.make_inputs(batch, spec.axes, 1234)
+    args = tuple(torch.from_numpy(example[t.name]) for t in spec.inputs)
+    # One Dim object per axis name so tensors sharing an axis share the symbol.
+    dims = {"batch": torch.export.Dim("batch", min=1, max=max(2, ctx.options.max_batch_size))}
+    for axis, size in spec.axis_max:
+        dims[axis] = torch.export.Dim(axis, min=1, max=max(2, size))
+    # Positional, in spec order: forward's parameter names differ between models (x, input_ids...).
+    dynamic_shapes = tuple({index: dims[axis] for index, axis in t.dynamic_axes().items()} for t in spec.inputs)
+    try:
+        torch.onnx.export(
+            ctx.model.module,
+            args,
+            str(path),
+            input_names=[t.name for t in spec.inputs],
+            output_names=[t.name for t in spec.outputs],
+            opset_version=ctx.options.opset,
+            dynamo=True,
+            dynamic_shapes=dynamic_shapes,
+            external_data=False,
+            verbose=False,
+        )
+    except Exception as exc:
+        raise ExportError(f"ONNX export failed for {ctx.model.request.name}: {str(exc).splitlines()[0]}") from None
+    model = onnx.load(str(path), load_external_data=False)
+    onnx.checker.check_model(model)
+    opset = max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    if opset < MIN_OPSET:
+        raise ExportError(f"ONNX export produced opset {opset}; Triton's ONNX Runtime needs {MIN_OPSET} or newer")
+    return path
+
+
+def onnx_session(path: Path, threads: int = 0):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+
+
+def run_onnx(session, exported: ExportedModel) -> Runner:
+    def run(inputs):
+        feeds = {t.name: inputs[t.name] for t in exported.inputs}
+        values = session.run(list(exported.output_names), feeds)
+        return dict(zip(exported.output_names, values))
+
+    return run
+
+
+class OnnxFormat:
+    name = "onnx"
+    description = "ONNX (opset >= 17, dynamic axes) for Triton's onnxruntime_onnx backend"
+    requires_gpu = False
+    platform = "onnxruntime_onnx"
+    backend = None
+    instance_kind = "KIND_GPU"
+    model_file = "model.onnx"
+
+    def check_available(self) -> None:
+        return None
+
+    def export(self, ctx: ExportContext) -> ExportedModel:
+        spec = ctx.model.spec
+        return ExportedModel(
+            format=self.name,
+            files={self.model_file: exported_onnx(ctx)},
+            inputs=spec.inputs,
+            outputs=spec.outputs,
+            details={"opset": ctx.options.opset},
+        )
+
+    def runner(self, exported: ExportedModel, ctx: ExportContext) -> Runner:
+        return run_onnx(onnx_session(exported.files[self.model_file]), exported)
+
+    def versions(self) -> dict[str, str]:
+        return {
+            "torch": package_version("torch") or "unknown",
+            "onnx": package_version("onnx") or "unknown",
+            "onnxruntime": package_version("onnxruntime") or "unknown",
+        }

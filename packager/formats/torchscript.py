@@ -1,0 +1,71 @@
+"""TorchScript for Triton's ``pytorch_libtorch`` backend (INPUT__0 / OUTPUT__0 naming)."""
+
+from __future__ import annotations
+
+from mme.errors import ExportError
+from packager.formats.base import ExportContext, ExportedModel, Runner, package_version, positional_names
+
+
+def traced_module(ctx: ExportContext):
+    """Trace the model once per run (shared with torch-tensorrt)."""
+    if "torchscript" not in ctx.cache:
+        import torch
+
+        spec = ctx.model.spec
+        batch = min(2, ctx.options.max_batch_size)
+        example = ctx.model.make_inputs(batch, spec.axes, 1234)
+        tensors = tuple(torch.from_numpy(example[t.name]) for t in spec.inputs)
+        try:
+            with torch.no_grad():
+                ctx.cache["torchscript"] = torch.jit.trace(ctx.model.module, tensors, check_trace=False)
+        except Exception as exc:
+            raise ExportError(f"TorchScript tracing failed for {ctx.model.request.name}: {str(exc).splitlines()[0]}") from None
+    return ctx.cache["torchscript"]
+
+
+def run_torchscript(module, exported: ExportedModel, device: str = "cpu") -> Runner:
+    import torch
+
+    def run(inputs):
+        args = [torch.from_numpy(inputs[t.name]).to(device) for t in exported.inputs]
+        with torch.no_grad():
+            out = module(*args)
+        out = out if isinstance(out, (tuple, list)) else (out,)
+        return {t.name: o.detach().float().cpu().numpy() for t, o in zip(exported.outputs, out)}
+
+    return run
+
+
+class TorchScriptFormat:
+    name = "torchscript"
+    description = "TorchScript (traced) for Triton's pytorch_libtorch backend"
+    requires_gpu = False
+    platform = "pytorch_libtorch"
+    backend = None
+    instance_kind = "KIND_GPU"
+    model_file = "model.pt"
+
+    def check_available(self) -> None:
+        return None
+
+    def export(self, ctx: ExportContext) -> ExportedModel:
+        import torch
+
+        path = ctx.workdir / "torchscript" / self.model_file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.jit.save(traced_module(ctx), str(path))
+        spec = ctx.model.spec
+        return ExportedModel(
+            format=self.name,
+            files={self.model_file: path},
+            inputs=positional_names(spec.inputs, "INPUT"),
+            outputs=positional_names(spec.outputs, "OUTPUT"),
+        )
+
+    def runner(self, exported: ExportedModel, ctx: ExportContext) -> Runner:
+        import torch
+
+        return run_torchscript(torch.jit.load(str(exported.files[self.model_file]), map_location="cpu"), exported)
+
+    def versions(self) -> dict[str, str]:
+        return {"torch": package_version("torch") or "unknown"}

@@ -1,0 +1,84 @@
+"""Triton model directory, MME tarball and sample requests for one exported format.
+
+Per format, under ``artifacts/<model>/<format>/``::
+
+    <name>/config.pbtxt          Triton model configuration
+    <name>/1/model.<ext>         the exported model (plus model.py for cpu-local)
+    <name>.tar.gz                the MME tarball: one model directory, as SageMaker's
+                                 Triton container loads it (POST /models with its URL)
+    sample_request.json          KServe v2 JSON request for benchmarking
+    sample_request.bin           the same request as binary+json
+    manifest.json
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from mme.fsutil import deterministic_tar_gz, sha256_of, write_bytes_atomic
+from packager.formats.base import ExportedModel
+from packager.manifest import FileEntry, SampleRequest
+from packager.model import LoadedModel
+from packager.triton_config import write_config
+
+VERSION = "1"
+
+
+def place_file(src: Path, dest: Path) -> None:
+    """Hard-link when possible (same filesystem, no copy of a large model), else copy."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dest)
+    except OSError:
+        shutil.copyfile(src, dest)
+
+
+def write_model_directory(root: Path, name: str, exported: ExportedModel, config) -> Path:
+    model_dir = root / name
+    (model_dir / VERSION).mkdir(parents=True)
+    write_config(config, model_dir / "config.pbtxt")
+    for file_name, src in exported.files.items():
+        place_file(src, model_dir / VERSION / file_name)
+    return model_dir
+
+
+def write_tarball(root: Path, name: str) -> Path:
+    tarball = root / f"{name}.tar.gz"
+    deterministic_tar_gz(root / name, name, tarball)
+    return tarball
+
+
+def write_sample_request(root: Path, model: LoadedModel, exported: ExportedModel) -> SampleRequest:
+    import tritonclient.http as triton_http
+
+    spec = model.spec
+    arrays = model.make_inputs(1, spec.axes, 7)
+
+    def body(binary: bool) -> tuple[bytes, int | None]:
+        inputs = []
+        for source, tensor in zip(spec.inputs, exported.inputs):
+            value = arrays[source.name]
+            if not binary and value.dtype.kind == "f":
+                value = np.round(value, 5)  # shorter JSON, same dtype
+            entry = triton_http.InferInput(tensor.name, list(value.shape), tensor.kserve_datatype)
+            entry.set_data_from_numpy(value, binary_data=binary)
+            inputs.append(entry)
+        outputs = [triton_http.InferRequestedOutput(t.name, binary_data=binary) for t in exported.outputs]
+        return triton_http.InferenceServerClient.generate_request_body(inputs, outputs=outputs)
+
+    json_body, _ = body(False)
+    binary_body, header_size = body(True)
+    write_bytes_atomic(root / "sample_request.json", json_body)
+    write_bytes_atomic(root / "sample_request.bin", binary_body)
+    return SampleRequest("sample_request.json", "sample_request.bin", int(header_size))
+
+
+def file_entries(root: Path) -> tuple[FileEntry, ...]:
+    entries = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        entries.append(FileEntry(path.relative_to(root).as_posix(), sha256_of(path), path.stat().st_size))
+    return tuple(entries)

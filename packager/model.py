@@ -1,0 +1,52 @@
+"""The artifacts handed from model sources to exporters."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from packager.spec import InputMaker, IOSpec
+
+WEIGHT_MODES = ("auto", "pretrained", "random", "local")
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """What the user asked for: a model name and how to get its weights."""
+
+    name: str
+    weights: str = "auto"  # one of WEIGHT_MODES
+    weights_path: Path | None = None
+    image_size: int | None = None  # square input side for image models
+    seq_len: int | None = None  # max sequence length for text models
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A PyTorch model in eval mode, ready to export, with its declared I/O spec.
+
+    ``module`` takes the spec's inputs positionally (in order) and returns one tensor per
+    spec output, as a tensor when there is one output and a tuple otherwise.
+    """
+
+    request: ModelRequest
+    family: str
+    module: Any
+    spec: IOSpec
+    make_inputs: InputMaker
+    weights: str  # "pretrained" | "random" | "local"
+    parameters: int
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def triton_name(self) -> str:
+        return triton_model_name(self.request.name)
+
+
+def triton_model_name(name: str) -> str:
+    """A directory- and Triton-safe model name: ``google/vit-base`` -> ``google--vit-base``."""
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", name.replace("/", "--")).strip(".-")
+    return cleaned or "model"

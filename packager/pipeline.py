@@ -1,0 +1,169 @@
+"""``mme package``: model spec -> exports -> validation -> Triton directory -> tarball + manifest.
+
+Every check that can fail fast runs before the model is loaded (options, GPU formats,
+output directory). Each format is built in a staging directory and swapped into
+``<out>/<model>/<format>/`` only once it validated, so an interrupted or failed run never
+leaves something that looks like a good artifact. Re-running replaces the artifact with
+an identical one (seeded random weights, deterministic tarballs).
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from mme import __version__
+from mme.errors import UsageError
+from mme.fsutil import ensure_writable_dir, staged_directory
+from mme.progress import Reporter
+from mme.versions import release as triton_release
+from packager import layout
+from packager.formats import FORMATS, ExportContext, ExportOptions
+from packager.formats.base import package_version
+from packager.formats.onnx_format import MIN_OPSET
+from packager.hub import hub_reachable, use_offline_mode
+from packager.manifest import Manifest
+from packager.model import ModelRequest, triton_model_name
+from packager.triton_config import TritonOptions, build_config
+from packager.validate import reference_cases, validate
+
+
+@dataclass(frozen=True)
+class PackageRequest:
+    model: ModelRequest
+    formats: tuple[str, ...]
+    out: Path
+    family: str | None = None
+    export: ExportOptions = field(default_factory=ExportOptions)
+    triton: TritonOptions = field(default_factory=TritonOptions)
+    atol: float | None = None
+    triton_release: str | None = None
+
+
+@dataclass(frozen=True)
+class PackagedArtifact:
+    format: str
+    directory: Path
+    manifest: Manifest
+
+    @property
+    def tarball(self) -> Path:
+        return self.directory / self.manifest.tarball
+
+
+def check_request(request: PackageRequest) -> None:
+    request.triton.check()
+    if request.export.opset < MIN_OPSET:
+        raise UsageError(f"--opset {request.export.opset} is too old; Triton's ONNX Runtime path needs {MIN_OPSET} or newer")
+    if request.atol is not None and not request.atol > 0:
+        raise UsageError(f"--atol must be a positive number (got {request.atol})")
+    if request.export.max_batch_size != request.triton.max_batch_size:
+        raise UsageError("internal: export and Triton max batch sizes differ")
+    for name in request.formats:
+        FORMATS[name].check_available()
+
+
+def package(request: PackageRequest, reporter: Reporter) -> list[PackagedArtifact]:
+    check_request(request)
+    release = triton_release(request.triton_release)
+    out = ensure_writable_dir(request.out)
+    name = triton_model_name(request.model.name)
+    model_root = out / name
+    created_root = not model_root.exists()
+    if not hub_reachable():
+        use_offline_mode()  # cached weights still load; nothing waits on retries
+
+    from packager.registry import load_model  # imports timm / transformers
+
+    reporter.info(f"==> packaging {request.model.name} as {', '.join(request.formats)} into {model_root}")
+    load_timings: dict[str, float] = {}
+    with reporter.stage(f"load {request.model.name}", load_timings, "load"):
+        model = load_model(request.model, reporter, request.family)
+    reporter.info(
+        f"  {model.family} model, {model.parameters / 1e6:.1f}M parameters, weights: {model.weights}, "
+        f"inputs {', '.join(f'{t.name}{list(t.shape)}' for t in model.spec.inputs)}"
+    )
+    model_root.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(dir=model_root, prefix=".work-"))
+    results: list[PackagedArtifact] = []
+    try:
+        ctx = ExportContext(model=model, options=request.export, workdir=workdir, reporter=reporter)
+        with reporter.stage("reference outputs from PyTorch", load_timings, "reference"):
+            references = reference_cases(model, request.export.max_batch_size)
+        for index, format_name in enumerate(request.formats, start=1):
+            fmt = FORMATS[format_name]
+            reporter.info(f"[{index}/{len(request.formats)}] {format_name}: {fmt.description}")
+            timings = dict(load_timings)
+            with reporter.stage("export", timings, "export"):
+                exported = fmt.export(ctx)
+            atol = request.atol or (5e-2 if request.export.precision == "fp16" and fmt.requires_gpu else model.spec.default_atol)
+            with reporter.stage("validate against PyTorch", timings, "validate"):
+                report = validate(model, exported, fmt.runner(exported, ctx), references, atol, reporter)
+            with staged_directory(model_root / format_name) as staging:
+                with reporter.stage("layout", timings, "layout"):
+                    parameters = {}
+                    if fmt.backend == "python":
+                        parameters = {"intra_op_num_threads": str(request.export.cpu_threads), "onnx_file": "model.onnx"}
+                    config = build_config(fmt, exported, request.triton, model.spec.axes, parameters)
+                    layout.write_model_directory(staging, name, exported, config)
+                    sample = layout.write_sample_request(staging, model, exported)
+                with reporter.stage("tarball", timings, "tarball"):
+                    tarball = layout.write_tarball(staging, name)
+                manifest = _manifest(request, model, fmt, exported, config, sample, tarball.name, staging,
+                                     report, timings, release)
+                manifest.write(staging)
+            results.append(PackagedArtifact(format_name, model_root / format_name, manifest))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+        if created_root and model_root.exists() and not any(model_root.iterdir()):
+            model_root.rmdir()
+    return results
+
+
+def _manifest(request, model, fmt, exported, config, sample, tarball, staging, report, timings, release) -> Manifest:
+    versions = {"mme-toolkit": __version__, "python": platform.python_version(), **fmt.versions()}
+    versions[model.family if model.family != "huggingface" else "transformers"] = (
+        package_version("timm" if model.family == "timm" else "transformers") or "unknown"
+    )
+    for key in ("tensorrt", "torch_tensorrt"):
+        if key in exported.details:
+            versions[key] = str(exported.details[key])
+    source = {
+        "family": model.family,
+        "name": request.model.name,
+        "weights": model.weights,
+        "weights_path": str(request.model.weights_path) if model.weights == "local" else None,
+        "seed": request.model.seed if model.weights == "random" else None,
+        **{k: v for k, v in model.details.items() if v not in (None, [], "")},
+    }
+    triton = {
+        "platform": fmt.platform,
+        "backend": fmt.backend,
+        "max_batch_size": config.max_batch_size,
+        "instance_kind": request.triton.instance_kind or fmt.instance_kind,
+        "dynamic_batching": request.triton.dynamic_batching,
+        "target": release.to_dict(),
+    }
+    spec_names = {e.name: s.name for s, e in zip(model.spec.inputs + model.spec.outputs, exported.inputs + exported.outputs)}
+    return Manifest(
+        model=triton_model_name(request.model.name),
+        requested_name=request.model.name,
+        format=fmt.name,
+        source=source,
+        triton=triton,
+        tarball=tarball,
+        files=layout.file_entries(staging),
+        parameters=int(model.parameters),
+        inputs=tuple(dict(t.to_dict(), source_name=spec_names[t.name]) for t in exported.inputs),
+        outputs=tuple(dict(t.to_dict(), source_name=spec_names[t.name]) for t in exported.outputs),
+        sample_request=sample,
+        versions=versions,
+        validation=report.to_dict(),
+        timings_s={k: round(v, 3) for k, v in timings.items()},
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        details={k: v for k, v in exported.details.items()} | {"task": model.spec.task, "axes_max": model.spec.axes},
+    )

@@ -1,0 +1,1 @@
+"""Model sources: one module per family (timm, Hugging Face transformers)."""

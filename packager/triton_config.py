@@ -1,0 +1,89 @@
+"""config.pbtxt built and read through Triton's own protobuf schema (``model_config_pb2``
+from tritonclient + ``text_format``), never from string templates.
+
+The ``name`` field is left out on purpose: Triton then takes the model's name from its
+directory, and SageMaker's MME loads each copy under its target-model name
+(``resnet50-v3.tar.gz``), which a name baked into the config would contradict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from mme.errors import UsageError
+from packager.formats.base import ExportedModel, ModelFormat
+
+
+@dataclass(frozen=True)
+class TritonOptions:
+    """The config values users tune."""
+
+    max_batch_size: int = 16
+    dynamic_batching: bool = True
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_us: int = 100
+    instance_count: int = 1
+    instance_kind: str | None = None  # None: the format's default (KIND_GPU, KIND_CPU for cpu-local)
+    warmup: bool = False
+
+    def check(self) -> None:
+        if self.max_batch_size < 1:
+            raise UsageError(f"--max-batch-size must be 1 or more (got {self.max_batch_size})")
+        if self.instance_count < 1:
+            raise UsageError(f"--instance-count must be 1 or more (got {self.instance_count})")
+        if self.max_queue_delay_us < 0:
+            raise UsageError(f"--max-queue-delay-us must be 0 or more (got {self.max_queue_delay_us})")
+        bad = [b for b in self.preferred_batch_sizes if not 1 <= b <= self.max_batch_size]
+        if bad:
+            raise UsageError(
+                f"--preferred-batch-sizes {bad} must lie between 1 and --max-batch-size {self.max_batch_size}"
+            )
+
+
+def build_config(fmt: ModelFormat, exported: ExportedModel, options: TritonOptions, axes: dict[str, int],
+                 parameters: dict[str, str] | None = None) -> mc.ModelConfig:
+    config = mc.ModelConfig(max_batch_size=options.max_batch_size)
+    if fmt.platform:
+        config.platform = fmt.platform
+    if fmt.backend:
+        config.backend = fmt.backend
+    for tensor in exported.inputs:
+        entry = config.input.add(name=tensor.name, data_type=mc.DataType.Value(tensor.triton_dtype))
+        entry.dims.extend(tensor.triton_dims)
+    for tensor in exported.outputs:
+        entry = config.output.add(name=tensor.name, data_type=mc.DataType.Value(tensor.triton_dtype))
+        entry.dims.extend(tensor.triton_dims)
+    if options.dynamic_batching:
+        config.dynamic_batching.preferred_batch_size.extend(options.preferred_batch_sizes)
+        config.dynamic_batching.max_queue_delay_microseconds = options.max_queue_delay_us
+    kind = options.instance_kind or fmt.instance_kind
+    config.instance_group.add(count=options.instance_count, kind=mc.ModelInstanceGroup.Kind.Value(kind))
+    if options.warmup:
+        warm = config.model_warmup.add(name="warmup_batch_1", batch_size=1)
+        for tensor in exported.inputs:
+            data = warm.inputs[tensor.name]
+            data.data_type = mc.DataType.Value(tensor.triton_dtype)
+            data.dims.extend(tensor.concrete_shape(1, axes)[1:])
+            if tensor.dtype.startswith("float"):
+                data.random_data = True
+            else:
+                data.zero_data = True  # token ids: random values could fall outside the vocabulary
+    for key, value in (parameters or {}).items():
+        config.parameters[key].string_value = value
+    return config
+
+
+def to_text(config: mc.ModelConfig) -> str:
+    return text_format.MessageToString(config)
+
+
+def write_config(config: mc.ModelConfig, path: Path) -> None:
+    path.write_text(to_text(config))
+
+
+def read_config(path: Path) -> mc.ModelConfig:
+    return text_format.Parse(path.read_text(), mc.ModelConfig())
