@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import sys
 import time
-from contextlib import contextmanager
+import warnings
+from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass, field
 from typing import Iterator, TextIO
 
@@ -33,3 +35,14 @@ class Reporter:
         if timings is not None and key is not None:
             timings[key] = round(timings.get(key, 0.0) + elapsed, 3)
         self.info(f"  {label} done in {elapsed:.1f} s")
+
+
+@contextmanager
+def library_output_captured() -> Iterator[io.StringIO]:
+    """Hold back what exporters print and warn (torch.onnx progress lines, tracer warnings)
+    so progress stays readable; callers include it in errors when the step fails."""
+    buffer = io.StringIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with redirect_stdout(buffer):
+            yield buffer

@@ -61,6 +61,9 @@ def check_request(request: PackageRequest) -> None:
         raise UsageError(f"--opset {request.export.opset} is too old; Triton's ONNX Runtime path needs {MIN_OPSET} or newer")
     if request.atol is not None and not request.atol > 0:
         raise UsageError(f"--atol must be a positive number (got {request.atol})")
+    path = request.model.weights_path
+    if path is not None and not path.exists():
+        raise UsageError(f"--weights {path}: no such file or directory; pass a local checkpoint file or a Hugging Face model directory")
     if request.export.max_batch_size != request.triton.max_batch_size:
         raise UsageError("internal: export and Triton max batch sizes differ")
     for name in request.formats:
@@ -77,12 +80,13 @@ def package(request: PackageRequest, reporter: Reporter) -> list[PackagedArtifac
     if not hub_reachable():
         use_offline_mode()  # cached weights still load; nothing waits on retries
 
-    from packager.registry import load_model  # imports timm / transformers
+    from packager.registry import resolve  # imports timm / transformers
 
+    family = resolve(request.model.name, request.family, request.model.weights_path)
     reporter.info(f"==> packaging {request.model.name} as {', '.join(request.formats)} into {model_root}")
     load_timings: dict[str, float] = {}
     with reporter.stage(f"load {request.model.name}", load_timings, "load"):
-        model = load_model(request.model, reporter, request.family)
+        model = family.load(request.model, reporter)
     reporter.info(
         f"  {model.family} model, {model.parameters / 1e6:.1f}M parameters, weights: {model.weights}, "
         f"inputs {', '.join(f'{t.name}{list(t.shape)}' for t in model.spec.inputs)}"

@@ -59,7 +59,8 @@ def resolve(name: str, family: str | None = None, weights_path: Path | None = No
     """The family that packages ``name``; an unknown name gets the closest known names."""
     if family:
         chosen = get_family(family)
-        if chosen is not FAMILIES[0] and not chosen.owns(name):
+        # Any name can be a Hugging Face hub id; a timm name must be one timm knows.
+        if chosen.name == timm_source.FAMILY and not chosen.owns(name):
             raise UnknownModelError(_unknown_message(name, chosen.list_models()))
         return chosen
     if weights_path is not None and hf_source.owns_path(weights_path):

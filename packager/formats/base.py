@@ -84,3 +84,16 @@ def package_version(name: str) -> str | None:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
+
+
+def exception_summary(exc: BaseException) -> str:
+    """One line for an exporter's exception; torch.onnx wraps the real cause in a long
+    report whose 'Exception summary' names it."""
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    found = re.search(r"<class '([\w.]+)'>: (.+)", text)
+    if found:
+        return f"{found.group(1).rsplit('.', 1)[-1]}: {found.group(2).strip()}"[:300]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return (lines[0] if lines else type(exc).__name__)[:300]

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from mme.errors import ExportError
+from mme.progress import library_output_captured
+from packager.formats.base import exception_summary
 from packager.formats.base import ExportContext, ExportedModel, Runner, package_version
 
 MIN_OPSET = 17
@@ -24,8 +26,8 @@ def _export(ctx: ExportContext) -> Path:
     spec = ctx.model.spec
     path = ctx.workdir / "onnx" / "model.onnx"
     path.parent.mkdir(parents=True, exist_ok=True)
-    batch = min(2, ctx.options.max_batch_size)
-    example = ctx.model.make_inputs(batch, spec.axes, 1234)
+    # Batch 2 even when max_batch_size is 1: torch.export specialises dimensions of size 1.
+    example = ctx.model.make_inputs(2, spec.axes, 1234)
     args = tuple(torch.from_numpy(example[t.name]) for t in spec.inputs)
     # One Dim object per axis name so tensors sharing an axis share the symbol.
     dims = {"batch": torch.export.Dim("batch", min=1, max=max(2, ctx.options.max_batch_size))}
@@ -34,20 +36,21 @@ def _export(ctx: ExportContext) -> Path:
     # Positional, in spec order: forward's parameter names differ between models (x, input_ids...).
     dynamic_shapes = tuple({index: dims[axis] for index, axis in t.dynamic_axes().items()} for t in spec.inputs)
     try:
-        torch.onnx.export(
-            ctx.model.module,
-            args,
-            str(path),
-            input_names=[t.name for t in spec.inputs],
-            output_names=[t.name for t in spec.outputs],
-            opset_version=ctx.options.opset,
-            dynamo=True,
-            dynamic_shapes=dynamic_shapes,
-            external_data=False,
-            verbose=False,
-        )
+        with library_output_captured():
+            torch.onnx.export(
+                ctx.model.module,
+                args,
+                str(path),
+                input_names=[t.name for t in spec.inputs],
+                output_names=[t.name for t in spec.outputs],
+                opset_version=ctx.options.opset,
+                dynamo=True,
+                dynamic_shapes=dynamic_shapes,
+                external_data=False,
+                verbose=False,
+            )
     except Exception as exc:
-        raise ExportError(f"ONNX export failed for {ctx.model.request.name}: {str(exc).splitlines()[0]}") from None
+        raise ExportError(f"ONNX export failed for {ctx.model.request.name}: {exception_summary(exc)}") from None
     model = onnx.load(str(path), load_external_data=False)
     onnx.checker.check_model(model)
     opset = max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from mme.errors import ExportError
-from packager.formats.base import ExportContext, ExportedModel, Runner, package_version, positional_names
+from mme.progress import library_output_captured
+from packager.formats.base import exception_summary, ExportContext, ExportedModel, Runner, package_version, positional_names
 
 
 def traced_module(ctx: ExportContext):
@@ -12,14 +13,13 @@ def traced_module(ctx: ExportContext):
         import torch
 
         spec = ctx.model.spec
-        batch = min(2, ctx.options.max_batch_size)
-        example = ctx.model.make_inputs(batch, spec.axes, 1234)
+        example = ctx.model.make_inputs(2, spec.axes, 1234)
         tensors = tuple(torch.from_numpy(example[t.name]) for t in spec.inputs)
         try:
-            with torch.no_grad():
+            with torch.no_grad(), library_output_captured():
                 ctx.cache["torchscript"] = torch.jit.trace(ctx.model.module, tensors, check_trace=False)
         except Exception as exc:
-            raise ExportError(f"TorchScript tracing failed for {ctx.model.request.name}: {str(exc).splitlines()[0]}") from None
+            raise ExportError(f"TorchScript tracing failed for {ctx.model.request.name}: {exception_summary(exc)}") from None
     return ctx.cache["torchscript"]
 
 

@@ -1,0 +1,188 @@
+"""A client for the SageMaker multi-model container contract (what SageMaker's front end
+calls on the container; Triton implements it with ``--allow-sagemaker=true``):
+
+    GET    /ping                      200 when healthy
+    POST   /models                    {"model_name", "url"}: 200 loaded, 409 already loaded,
+                                      507 out of memory, 400 other errors
+    GET    /models                    {"models": [{"modelName", "modelUrl"}]}
+    GET    /models/NAME               {"modelName", "modelUrl"}; 404 when not loaded
+    POST   /models/NAME/invoke        KServe v2 inference (JSON or binary+json)
+    DELETE /models/NAME               200 unloaded; 404 when not loaded
+
+Non-2xx answers of the model-management calls become the exceptions below: they are
+outcomes of the protocol that callers act on (SageMaker unloads a model and retries on
+507), not user errors. ``invoke`` returns every answer as an :class:`InvokeResult`.
+
+Triton resolves a load's ``url`` as a directory holding one model directory (the tarball
+extracted, as SageMaker does under ``/opt/ml/models/<hash>/model``); a ``config.pbtxt`` at
+the root of ``url`` is accepted only under ``/opt/ml/models/<hash>/model``. Each loaded
+copy needs its own directory: a directory already registered answers 409.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Mapping
+from urllib.parse import quote
+
+import requests
+from requests.structures import CaseInsensitiveDict
+
+DEFAULT_TIMEOUT_S = 60.0
+LOAD_TIMEOUT_S = 600.0  # SageMaker allows a model load several minutes
+
+
+class ContainerError(Exception):
+    """The container answered a model-management call with an error status."""
+
+    def __init__(self, status: int, message: str, model_name: str | None = None) -> None:
+        self.status = status
+        self.message = message
+        self.model_name = model_name
+        where = f" for model {model_name!r}" if model_name else ""
+        super().__init__(f"HTTP {status}{where}: {message or '(no message)'}")
+
+
+class ModelAlreadyLoaded(ContainerError):
+    """409: the name (or the model directory) is already loaded."""
+
+
+class ContainerOutOfMemory(ContainerError):
+    """507: no room for another model; SageMaker would unload the least recently used one."""
+
+
+class ModelLoadFailed(ContainerError):
+    """400 or any other failure of POST /models."""
+
+
+class ModelNotLoaded(ContainerError):
+    """404 from GET or DELETE /models/NAME."""
+
+
+@dataclass(frozen=True)
+class LoadedModelInfo:
+    name: str
+    url: str
+
+
+@dataclass(frozen=True)
+class InvokeResult:
+    status: int
+    headers: Mapping[str, str]  # case-insensitive
+    body: bytes
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+    @property
+    def content_type(self) -> str:
+        return self.headers.get("Content-Type", "")
+
+    def json(self):
+        """The body as JSON (whole body for application/json, the header of binary+json)."""
+        marker = "json-header-size="
+        if marker in self.content_type:
+            size = int(self.content_type.split(marker, 1)[1].split(";", 1)[0])
+            return json.loads(self.body[:size])
+        return json.loads(self.body)
+
+
+def error_message(response: requests.Response) -> str:
+    """Triton's ``{"error": "..."}`` text, else the raw body (or the reason phrase)."""
+    text = response.text.strip()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text or response.reason or ""
+    if isinstance(data, dict) and isinstance(data.get("error"), str):
+        return data["error"]
+    return text
+
+
+class ContainerClient:
+    """Calls one container's MME contract over a keep-alive HTTP session."""
+
+    def __init__(self, base_url: str, timeout_s: float = DEFAULT_TIMEOUT_S, load_timeout_s: float = LOAD_TIMEOUT_S) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.load_timeout_s = load_timeout_s
+        self.session = requests.Session()
+
+    def _url(self, path: str) -> str:
+        return f"{self.base_url}{path}"
+
+    @staticmethod
+    def _model_path(name: str) -> str:
+        return f"/models/{quote(name, safe='')}"
+
+    def ping(self) -> bool:
+        """True when ``GET /ping`` answers 200; False on any other answer or no answer."""
+        try:
+            return self.session.get(self._url("/ping"), timeout=self.timeout_s).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def load(self, model_name: str, url: str) -> None:
+        """``POST /models``: load the model directory ``url`` under ``model_name``."""
+        response = self.session.post(
+            self._url("/models"), json={"model_name": model_name, "url": str(url)}, timeout=self.load_timeout_s
+        )
+        if response.status_code == 200:
+            return
+        message = error_message(response)
+        if response.status_code == 409:
+            raise ModelAlreadyLoaded(409, message, model_name)
+        if response.status_code == 507:
+            raise ContainerOutOfMemory(507, message, model_name)
+        raise ModelLoadFailed(response.status_code, message, model_name)
+
+    def list_models(self) -> list[LoadedModelInfo]:
+        response = self.session.get(self._url("/models"), timeout=self.timeout_s)
+        if response.status_code != 200:
+            raise ContainerError(response.status_code, error_message(response))
+        # Triton lists a model that is not ready yet as an empty object.
+        return [
+            LoadedModelInfo(entry["modelName"], entry.get("modelUrl", ""))
+            for entry in response.json().get("models", [])
+            if "modelName" in entry
+        ]
+
+    def get_model(self, name: str) -> LoadedModelInfo:
+        response = self.session.get(self._url(self._model_path(name)), timeout=self.timeout_s)
+        if response.status_code == 404:
+            raise ModelNotLoaded(404, "model is not loaded", name)
+        if response.status_code != 200:
+            raise ContainerError(response.status_code, error_message(response), name)
+        data = response.json()
+        return LoadedModelInfo(data["modelName"], data.get("modelUrl", ""))
+
+    def unload(self, name: str) -> None:
+        response = self.session.delete(self._url(self._model_path(name)), timeout=self.load_timeout_s)
+        if response.status_code == 200:
+            return
+        if response.status_code == 404:
+            raise ModelNotLoaded(404, "model is not loaded", name)
+        raise ContainerError(response.status_code, error_message(response), name)
+
+    def invoke(self, name: str, body: bytes, content_type: str, accept: str | None = None) -> InvokeResult:
+        """``POST /models/NAME/invoke``; every HTTP answer comes back, errors included."""
+        headers = {"Content-Type": content_type}
+        if accept:
+            headers["Accept"] = accept
+        response = self.session.post(
+            self._url(self._model_path(name) + "/invoke"), data=body, headers=headers, timeout=self.timeout_s
+        )
+        return InvokeResult(
+            status=response.status_code, headers=CaseInsensitiveDict(response.headers), body=response.content
+        )
+
+    def close(self) -> None:
+        self.session.close()
+
+    def __enter__(self) -> "ContainerClient":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

@@ -1,0 +1,177 @@
+"""InvokeEndpoint replies exactly as SageMaker Runtime sends them (AWS rest-json protocol).
+
+The error codes, their HTTP statuses, their members and the success headers are read from
+botocore's own service model for ``sagemaker-runtime``, so a real boto3 client parses each
+reply into ``client.exceptions.<Code>`` (or a normal response) as it would against AWS.
+
+How botocore finds the code (``RestJSONParser``): the ``x-amzn-ErrorType`` header, up to
+the first ``:``; the message from the body's ``Message``/``message``; modeled members
+(``OriginalStatusCode``...) from the body by name. Without the header the code would be
+the bare status ("424") and boto3 would raise a plain ClientError.
+
+Retries: boto3's standard and legacy modes retry 500 and 503 (InternalFailure,
+ServiceUnavailable) by themselves; a load test counting client calls sees fewer calls than
+the server saw requests.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+SERVICE = "sagemaker-runtime"
+OPERATION = "InvokeEndpoint"
+# The namespace AWS puts after the code in x-amzn-ErrorType; botocore keeps only the code.
+ERROR_TYPE_SUFFIX = ":http://internal.amazon.com/coral/com.amazon.sagemaker/"
+DEFAULT_VARIANT = "AllTraffic"
+
+
+@dataclass(frozen=True)
+class ErrorShape:
+    code: str
+    status: int
+    members: tuple[str, ...]  # body fields, as named in the service model
+
+
+@dataclass(frozen=True)
+class HttpReply:
+    """What to send: status, headers (Content-Length left to the server) and body."""
+
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+    def header(self, name: str) -> str | None:
+        for key, value in self.headers:
+            if key.lower() == name.lower():
+                return value
+        return None
+
+
+@lru_cache(maxsize=1)
+def _operation() -> Any:
+    import botocore.session
+
+    return botocore.session.get_session().get_service_model(SERVICE).operation_model(OPERATION)
+
+
+@lru_cache(maxsize=1)
+def invoke_endpoint_errors() -> dict[str, ErrorShape]:
+    """InvokeEndpoint's modeled errors by code, from botocore's service model."""
+    shapes = {}
+    for shape in _operation().error_shapes:
+        status = int(shape.metadata["error"]["httpStatusCode"])
+        shapes[shape.error_code or shape.name] = ErrorShape(shape.error_code or shape.name, status, tuple(shape.members))
+    return shapes
+
+
+@lru_cache(maxsize=1)
+def _output_header_names() -> dict[str, str]:
+    members = _operation().output_shape.members
+    return {name: m.serialization["name"] for name, m in members.items() if m.serialization.get("location") == "header"}
+
+
+def _request_id(request_id: str | None) -> str:
+    return request_id or str(uuid.uuid4())
+
+
+def error_reply(code: str, message: str, *, request_id: str | None = None, **fields: Any) -> HttpReply:
+    """The reply for modeled error ``code`` with ``message`` and any of its other members."""
+    shapes = invoke_endpoint_errors()
+    if code not in shapes:
+        raise ValueError(f"{code!r} is not an InvokeEndpoint error; use one of {', '.join(sorted(shapes))}")
+    shape = shapes[code]
+    unknown = sorted(set(fields) - set(shape.members))
+    if unknown:
+        raise ValueError(f"{code} has no member(s) {', '.join(unknown)}; its members are {', '.join(shape.members)}")
+    body = {"Message": message, **{k: v for k, v in fields.items() if v is not None}}
+    headers = (
+        ("Content-Type", "application/json"),
+        ("x-amzn-RequestId", _request_id(request_id)),
+        ("x-amzn-ErrorType", code + ERROR_TYPE_SUFFIX),
+    )
+    return HttpReply(shape.status, headers, json.dumps(body).encode())
+
+
+def validation_error(message: str, *, request_id: str | None = None) -> HttpReply:
+    """400: bad request, unknown endpoint, or a target model that cannot be downloaded or unpacked."""
+    return error_reply("ValidationError", message, request_id=request_id)
+
+
+def model_not_ready(message: str, *, request_id: str | None = None) -> HttpReply:
+    """429: the MME is still downloading or loading the target model."""
+    return error_reply("ModelNotReadyException", message, request_id=request_id)
+
+
+def internal_failure(message: str, *, request_id: str | None = None) -> HttpReply:
+    return error_reply("InternalFailure", message, request_id=request_id)
+
+
+def service_unavailable(message: str, *, request_id: str | None = None) -> HttpReply:
+    return error_reply("ServiceUnavailable", message, request_id=request_id)
+
+
+def internal_dependency(message: str, *, request_id: str | None = None) -> HttpReply:
+    return error_reply("InternalDependencyException", message, request_id=request_id)
+
+
+def log_stream_arn(endpoint_name: str, region: str, account: str) -> str:
+    return f"arn:aws:logs:{region}:{account}:log-group:/aws/sagemaker/Endpoints/{endpoint_name}"
+
+
+def model_error(
+    original_status_code: int,
+    original_message: str,
+    *,
+    endpoint_name: str,
+    region: str = "us-east-1",
+    account: str = "000000000000",
+    container: str = "primary",
+    request_id: str | None = None,
+) -> HttpReply:
+    """424: the container answered ``original_status_code``; worded as AWS words it."""
+    kind = "client" if 400 <= original_status_code < 500 else "server"
+    group = f"/aws/sagemaker/Endpoints/{endpoint_name}"
+    message = (
+        f'Received {kind} error ({original_status_code}) from {container} with message "{original_message}". '
+        f"See https://{region}.console.aws.amazon.com/cloudwatch/home?region={region}#logEventViewer:group={group} "
+        f"in account {account} for more information."
+    )
+    reply = error_reply(
+        "ModelError", message, request_id=request_id, OriginalStatusCode=int(original_status_code),
+        OriginalMessage=original_message, LogStreamArn=log_stream_arn(endpoint_name, region, account),
+    )
+    # AWS also sends ErrorCode (not in the service model; botocore ignores it).
+    body = {"ErrorCode": "CLIENT_ERROR_FROM_MODEL" if kind == "client" else "INTERNAL_FAILURE_FROM_MODEL", **json.loads(reply.body)}
+    return HttpReply(reply.status, reply.headers, json.dumps(body).encode())
+
+
+def reply_for_exception(exc: BaseException, *, request_id: str | None = None) -> HttpReply:
+    """Map a serving error (its ``sagemaker_error`` attribute) to its reply; anything else is InternalFailure."""
+    code = getattr(exc, "sagemaker_error", "InternalFailure")
+    if code not in invoke_endpoint_errors() or code == "ModelError":
+        code = "InternalFailure"
+    return error_reply(code, str(exc), request_id=request_id)
+
+
+def invocation_reply(
+    body: bytes,
+    content_type: str,
+    *,
+    variant: str = DEFAULT_VARIANT,
+    custom_attributes: str | None = None,
+    request_id: str | None = None,
+) -> HttpReply:
+    """200 with the container's body and content type, as InvokeEndpoint returns it."""
+    names = _output_header_names()
+    headers = [
+        (names["ContentType"], content_type),
+        (names["InvokedProductionVariant"], variant),
+        ("x-amzn-RequestId", _request_id(request_id)),
+    ]
+    if custom_attributes is not None:
+        headers.append((names["CustomAttributes"], custom_attributes))
+    return HttpReply(200, tuple(headers), bytes(body))

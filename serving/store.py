@@ -1,0 +1,241 @@
+"""Where target models come from: a local directory or an S3 prefix, as a SageMaker MME sees them.
+
+A multi-model endpoint is created with one S3 prefix (``s3://bucket/prefix/``); each request
+names a *target model*, the object name under that prefix (``resnet50-v3.tar.gz``). A
+:class:`ModelSource` lists those objects, reports each one's size and version (S3 ETag, or
+the local file's mtime) and downloads one to a local file.
+
+Target names are checked like SageMaker's ``TargetModel`` header (1 to 1,024 printable ASCII
+characters, not starting with whitespace) and, because they become paths here, must also be
+relative object names without empty, ``.`` or ``..`` segments.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mme.errors import MmeError
+
+TARGET_MAX_CHARS = 1024  # botocore sagemaker-runtime: TargetModelHeader max 1024
+_PRINTABLE = re.compile(r"\A[\x21-\x7e][\x20-\x7e]*\Z")  # TargetModelHeader pattern \A\S[\p{Print}]*\z
+_BUCKET = re.compile(r"\A[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]\Z")
+_CHUNK = 1 << 20
+
+
+class StoreError(MmeError):
+    """A target model cannot be named, found or fetched."""
+
+    sagemaker_error = "ValidationError"  # how SageMaker answers InvokeEndpoint for this
+
+
+class InvalidTargetName(StoreError):
+    """The TargetModel value is not a valid object name."""
+
+
+class TargetNotFound(StoreError):
+    """No object with this name under the source prefix."""
+
+
+class SourceUnavailable(StoreError):
+    """The source itself cannot be read (missing directory or bucket, credentials, network)."""
+
+    sagemaker_error = "InternalDependencyException"
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One target-model object as the source reports it."""
+
+    target: str
+    size: int
+    version: str  # changes when the object changes: S3 ETag, or local mtime in ns
+    location: str  # s3://bucket/key or a file path, for messages
+
+
+def validate_target_name(target: Any) -> str:
+    """Return ``target`` if it is a valid TargetModel object name, else raise InvalidTargetName."""
+    if not isinstance(target, str) or not target:
+        raise InvalidTargetName("TargetModel is empty; pass the object name under the endpoint's prefix, e.g. resnet50-v1.tar.gz")
+    if len(target) > TARGET_MAX_CHARS:
+        raise InvalidTargetName(f"TargetModel has {len(target)} characters, at most {TARGET_MAX_CHARS} are allowed; use a shorter object name")
+    if not _PRINTABLE.match(target):
+        raise InvalidTargetName(
+            f"TargetModel {target!r} must be printable ASCII not starting with whitespace; rename the object"
+        )
+    if target.startswith("/"):
+        raise InvalidTargetName(f"TargetModel {target!r} starts with '/'; give the object name relative to the endpoint's prefix")
+    bad = [part for part in target.split("/") if part in ("", ".", "..")]
+    if bad:
+        raise InvalidTargetName(
+            f"TargetModel {target!r} has an empty, '.' or '..' path segment; give a plain object name like dir/model-v1.tar.gz"
+        )
+    return target
+
+
+class ModelSource(ABC):
+    """Lists and downloads target-model objects. Implementations are safe to share between threads."""
+
+    uri: str
+
+    @abstractmethod
+    def list_targets(self) -> tuple[ObjectInfo, ...]:
+        """Every object under the source whose name is a valid target, sorted by name."""
+
+    @abstractmethod
+    def stat(self, target: str) -> ObjectInfo:
+        """Size and version of one object; TargetNotFound when there is none."""
+
+    @abstractmethod
+    def download(self, target: str, dest: Path) -> ObjectInfo:
+        """Write the object's bytes to ``dest`` and return what was downloaded (one consistent read)."""
+
+
+class LocalDirSource(ModelSource):
+    """Target models are files under a local directory (``<root>/resnet50-v3.tar.gz``)."""
+
+    def __init__(self, root: Path) -> None:
+        root = Path(root).expanduser()
+        if not root.is_dir():
+            raise SourceUnavailable(f"model source directory {root} does not exist; create it or point at the directory holding the .tar.gz files")
+        self.root = root.resolve()
+        self.uri = str(self.root)
+
+    def _path(self, target: str) -> Path:
+        return self.root / validate_target_name(target)
+
+    def _info(self, target: str, path: Path) -> ObjectInfo:
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            raise TargetNotFound(f"no model {target!r} in {self.root}; list the directory for valid target names") from None
+        if not path.is_file():
+            raise TargetNotFound(f"{path} is not a file; TargetModel must name a .tar.gz file in {self.root}")
+        return ObjectInfo(target, st.st_size, str(st.st_mtime_ns), str(path))
+
+    def list_targets(self) -> tuple[ObjectInfo, ...]:
+        found = []
+        for path in sorted(p for p in self.root.rglob("*") if p.is_file()):
+            target = path.relative_to(self.root).as_posix()
+            try:
+                validate_target_name(target)
+            except InvalidTargetName:
+                continue
+            found.append(self._info(target, path))
+        return tuple(found)
+
+    def stat(self, target: str) -> ObjectInfo:
+        return self._info(target, self._path(target))
+
+    def download(self, target: str, dest: Path) -> ObjectInfo:
+        path = self._path(target)
+        before = self._info(target, path)
+        shutil.copyfile(path, dest)
+        after = self._info(target, path)
+        if after != before or Path(dest).stat().st_size != before.size:
+            raise SourceUnavailable(f"{path} changed while it was copied; retry once the file is completely written")
+        return before
+
+
+class S3Source(ModelSource):
+    """Target models are objects under ``s3://bucket/prefix/`` (credentials: botocore's usual chain)."""
+
+    def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None, client: Any = None) -> None:
+        if not _BUCKET.match(bucket):
+            raise SourceUnavailable(f"{bucket!r} is not a valid S3 bucket name; use 3-63 lowercase letters, digits, '.' and '-'")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.uri = f"s3://{bucket}/{self.prefix}"
+        self.endpoint_url = endpoint_url
+        self._client = client if client is not None else self._make_client(endpoint_url)
+
+    @staticmethod
+    def _make_client(endpoint_url: str | None) -> Any:
+        import boto3
+        from botocore.config import Config
+
+        config = Config(retries={"mode": "standard", "max_attempts": 3}, max_pool_connections=32)
+        return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+
+    def _key(self, target: str) -> str:
+        return self.prefix + validate_target_name(target)
+
+    def _fail(self, exc: Exception, target: str | None) -> StoreError:
+        from botocore.exceptions import ClientError, NoCredentialsError
+
+        where = f"{self.uri}{target or ''}"
+        if isinstance(exc, NoCredentialsError):
+            return SourceUnavailable(f"no AWS credentials to read {where}; set AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY")
+        if isinstance(exc, ClientError):
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            if code == "NoSuchBucket":
+                return SourceUnavailable(f"bucket {self.bucket} does not exist; create it or fix the s3:// URI")
+            if target is not None and code in ("404", "NoSuchKey", "NotFound"):
+                return TargetNotFound(
+                    f"Failed to download model data(bucket: {self.bucket}, key: {self.prefix}{target}). "
+                    "Please ensure that there is an object located at the URL"
+                )
+            if code in ("403", "AccessDenied"):
+                return SourceUnavailable(f"access denied reading {where}; grant s3:GetObject and s3:ListBucket on it")
+            return SourceUnavailable(f"S3 error {code} reading {where}: {exc}")
+        return SourceUnavailable(f"cannot reach S3 for {where} ({type(exc).__name__}: {exc}); check endpoint_url and the network")
+
+    @staticmethod
+    def _errors() -> tuple[type[Exception], ...]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        return (BotoCoreError, ClientError)
+
+    def list_targets(self) -> tuple[ObjectInfo, ...]:
+        found = []
+        try:
+            pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix)
+            for page in pages:
+                for obj in page.get("Contents", ()):
+                    target = obj["Key"][len(self.prefix):]
+                    try:
+                        validate_target_name(target)
+                    except InvalidTargetName:
+                        continue
+                    found.append(ObjectInfo(target, int(obj["Size"]), obj["ETag"].strip('"'), f"s3://{self.bucket}/{obj['Key']}"))
+        except self._errors() as exc:
+            raise self._fail(exc, None) from None
+        return tuple(sorted(found, key=lambda o: o.target))
+
+    def stat(self, target: str) -> ObjectInfo:
+        key = self._key(target)
+        try:
+            head = self._client.head_object(Bucket=self.bucket, Key=key)
+        except self._errors() as exc:
+            raise self._fail(exc, target) from None
+        return ObjectInfo(target, int(head["ContentLength"]), head["ETag"].strip('"'), f"s3://{self.bucket}/{key}")
+
+    def download(self, target: str, dest: Path) -> ObjectInfo:
+        key = self._key(target)
+        try:
+            reply = self._client.get_object(Bucket=self.bucket, Key=key)
+            info = ObjectInfo(target, int(reply["ContentLength"]), reply["ETag"].strip('"'), f"s3://{self.bucket}/{key}")
+            with open(dest, "wb") as fh, reply["Body"] as body:
+                for block in body.iter_chunks(_CHUNK):
+                    fh.write(block)
+        except self._errors() as exc:
+            raise self._fail(exc, target) from None
+        if Path(dest).stat().st_size != info.size:
+            raise SourceUnavailable(f"download of {info.location} ended early; retry")
+        return info
+
+
+def source_from_uri(uri: str, endpoint_url: str | None = None) -> ModelSource:
+    """``s3://bucket/prefix`` -> S3Source; a directory path (or ``file://`` URI) -> LocalDirSource."""
+    if uri.startswith("s3://"):
+        bucket, _, prefix = uri[len("s3://"):].partition("/")
+        return S3Source(bucket, prefix, endpoint_url=endpoint_url)
+    if "://" in uri and not uri.startswith("file://"):
+        raise SourceUnavailable(f"unsupported model source {uri!r}; use s3://bucket/prefix or a local directory")
+    if endpoint_url:
+        raise SourceUnavailable(f"endpoint_url {endpoint_url} only applies to s3:// sources, not {uri}")
+    return LocalDirSource(Path(uri.removeprefix("file://")))

@@ -1,0 +1,371 @@
+"""The Triton server interface the local MME serves through, and its shared machinery.
+
+A :class:`TritonServer` runs one ``tritonserver`` in SageMaker multi-model mode
+(``--allow-sagemaker=true --model-control-mode=explicit`` with ``SAGEMAKER_MULTI_MODEL=true``)
+over an empty model repository: models come and go through ``POST /models`` and
+``DELETE /models/NAME`` on the SageMaker port, as SageMaker's front end drives them.
+
+Subclasses say how the process is launched (:meth:`TritonServer.command` and
+:meth:`TritonServer._environment`); this module starts it in its own process group, waits
+for ``GET /ping``, and stops the whole group (python-backend stub processes included).
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import psutil
+
+from mme.errors import MmeError
+
+DEFAULT_SAGEMAKER_PORT = 8080
+LOG_FILE_NAME = "tritonserver.log"
+
+
+class TritonServerError(MmeError):
+    """The Triton server could not be prepared, started or reached."""
+
+
+class TritonStartupError(TritonServerError):
+    """tritonserver exited or did not answer ``GET /ping`` in time."""
+
+
+@dataclass(frozen=True)
+class TritonServerConfig:
+    """How to run one Triton server. Port 0 means: pick a free port at start()."""
+
+    sagemaker_port: int = DEFAULT_SAGEMAKER_PORT  # the MME contract (SAGEMAKER_BIND_TO_PORT)
+    http_port: int = 0  # Triton's own KServe v2 HTTP API
+    grpc_port: int | None = 0  # None: gRPC off
+    metrics_port: int | None = 0  # None: Prometheus metrics off
+    host: str = "127.0.0.1"
+    log_dir: Path | None = None  # None: a temporary directory removed by stop()
+    log_verbose: int = 0
+    env: Mapping[str, str] = field(default_factory=dict, hash=False)  # extra environment
+    extra_args: tuple[str, ...] = ()
+    startup_timeout_s: float = 60.0
+    stop_grace_s: float = 10.0  # SIGTERM, then SIGKILL after this long
+
+    def ports(self) -> dict[str, int | None]:
+        return {
+            "sagemaker": self.sagemaker_port,
+            "http": self.http_port,
+            "grpc": self.grpc_port,
+            "metrics": self.metrics_port,
+        }
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports free on ``host`` now (all held open together, then released)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((host, 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def resolve_ports(config: TritonServerConfig) -> TritonServerConfig:
+    """The config with every port given as 0 replaced by a free port."""
+    wanted = [name for name, port in config.ports().items() if port == 0]
+    if not wanted:
+        return config
+    chosen = dict(zip(wanted, free_ports(len(wanted), config.host)))
+    return replace(
+        config,
+        sagemaker_port=chosen.get("sagemaker", config.sagemaker_port),
+        http_port=chosen.get("http", config.http_port),
+        grpc_port=chosen.get("grpc", config.grpc_port),
+        metrics_port=chosen.get("metrics", config.metrics_port),
+    )
+
+
+def port_arguments(config: TritonServerConfig, bind_host: str) -> list[str]:
+    """tritonserver flags for the (resolved) ports of ``config``."""
+    args = [
+        "--allow-sagemaker=true",
+        f"--sagemaker-port={config.sagemaker_port}",
+        "--allow-http=true",
+        f"--http-address={bind_host}",
+        f"--http-port={config.http_port}",
+    ]
+    if config.grpc_port is None:
+        args.append("--allow-grpc=false")
+    else:
+        args += ["--allow-grpc=true", f"--grpc-address={bind_host}", f"--grpc-port={config.grpc_port}"]
+    if config.metrics_port is None:
+        args.append("--allow-metrics=false")
+    else:
+        args += ["--allow-metrics=true", f"--metrics-address={bind_host}", f"--metrics-port={config.metrics_port}"]
+    return args
+
+
+def sagemaker_environment(config: TritonServerConfig) -> dict[str, str]:
+    return {"SAGEMAKER_MULTI_MODEL": "true", "SAGEMAKER_BIND_TO_PORT": str(config.sagemaker_port)}
+
+
+def log_tail(path: Path, lines: int = 8, max_chars: int = 1500) -> str:
+    """The last non-empty lines of a log as one line (`` | `` between lines)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 64 * 1024))
+            text = fh.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return "(no log written)"
+    kept = [line.strip() for line in text.splitlines() if line.strip()][-lines:]
+    joined = " | ".join(kept) or "(log is empty)"
+    return joined[-max_chars:]
+
+
+def ping_status(url: str, timeout_s: float = 2.0) -> int | None:
+    """HTTP status of ``GET url/ping``, or None when nothing answers."""
+    try:
+        with urllib.request.urlopen(f"{url}/ping", timeout=timeout_s) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, ConnectionError, TimeoutError, socket.timeout):
+        return None
+
+
+def alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def process_group_members(pgid: int) -> list[psutil.Process]:
+    """Live processes in process group ``pgid`` (also those orphaned by a killed server)."""
+    members = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
+            if os.getpgid(proc.pid) == pgid and alive(proc):
+                members.append(proc)
+    return members
+
+
+class TritonServer(abc.ABC):
+    """One tritonserver serving the SageMaker MME contract. Use as a context manager."""
+
+    def __init__(self, config: TritonServerConfig | None = None) -> None:
+        self.requested_config = config or TritonServerConfig()
+        self.config = self.requested_config  # ports resolved at start()
+        self._proc: subprocess.Popen | None = None
+        self._workdir: Path | None = None
+        self._log_handle = None
+        self._known_children: dict[int, psutil.Process] = {}
+        self.startup_s: float | None = None
+
+    # -- what subclasses provide --------------------------------------------------------
+    @abc.abstractmethod
+    def command(self, model_repository: Path) -> list[str]:
+        """The argv that runs the server for ``self.config`` (ports resolved by start())."""
+
+    def _environment(self) -> dict[str, str]:
+        """Environment of the launched process."""
+        env = dict(os.environ)
+        env.update(sagemaker_environment(self.config))
+        env.update(self.config.env)
+        return env
+
+    def _before_start(self) -> None:
+        """Checks and preparation that can fail with a clear MmeError."""
+
+    def _before_terminate(self) -> None:
+        """Called before the process group is signalled (the server may already be dead)."""
+
+    def _after_stop(self) -> None:
+        """Cleanup after the process group is gone."""
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    # -- URLs -------------------------------------------------------------------------
+    @property
+    def sagemaker_url(self) -> str:
+        return f"http://{self.config.host}:{self.config.sagemaker_port}"
+
+    @property
+    def kserve_url(self) -> str:
+        return f"http://{self.config.host}:{self.config.http_port}"
+
+    @property
+    def log_path(self) -> Path | None:
+        if self._workdir is None:
+            return None
+        return (self.config.log_dir or self._workdir) / LOG_FILE_NAME
+
+    # -- lifecycle --------------------------------------------------------------------
+    def start(self) -> None:
+        """Launch the server and return once ``GET /ping`` answers 200."""
+        if self.is_running():
+            raise TritonServerError(f"{self.name} is already running (pid {self._proc.pid}); stop() it first")
+        if self._proc is not None:  # it died on its own: clear what it left first
+            self._shutdown()
+        self._before_start()
+        if self._workdir is None:  # restart() keeps the ports clients already know
+            self.config = resolve_ports(self.requested_config)
+            self._workdir = Path(tempfile.mkdtemp(prefix="mme-triton-"))
+        repository = self._workdir / "model-repository"
+        repository.mkdir(exist_ok=True)
+        log_path = self.log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_handle = open(log_path, "ab")
+        started = time.monotonic()
+        try:
+            self._proc = subprocess.Popen(
+                self.command(repository),
+                env=self._environment(),
+                stdin=subprocess.DEVNULL,
+                stdout=self._log_handle,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=self._workdir,
+            )
+        except OSError as exc:
+            self._close_log()
+            raise TritonStartupError(f"cannot run {self.command(repository)[0]}: {exc.strerror}; check the installation") from None
+        self._wait_until_healthy(started)
+        self.startup_s = time.monotonic() - started
+
+    def _wait_until_healthy(self, started: float) -> None:
+        deadline = started + self.config.startup_timeout_s
+        while True:
+            code = self._proc.poll()
+            if code is not None:
+                tail = log_tail(self.log_path)
+                self.stop()
+                raise TritonStartupError(
+                    f"tritonserver exited with code {code} before answering GET /ping; last log lines: {tail}"
+                )
+            if ping_status(self.sagemaker_url, timeout_s=1.0) == 200:
+                return
+            if time.monotonic() > deadline:
+                tail = log_tail(self.log_path)
+                self.stop()
+                raise TritonStartupError(
+                    f"tritonserver did not answer GET {self.sagemaker_url}/ping within "
+                    f"{self.config.startup_timeout_s:g} s (raise startup_timeout_s or check the log); "
+                    f"last log lines: {tail}"
+                )
+            time.sleep(0.1)
+
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        """None while running (or never started); the exit status (-signal) once it ended."""
+        return None if self._proc is None else self._proc.poll()
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def pids(self) -> list[int]:
+        """The server process and all its descendants (python-backend stubs), live ones only."""
+        if self._proc is None:
+            return []
+        procs: dict[int, psutil.Process] = {}
+        with contextlib.suppress(psutil.NoSuchProcess):
+            root = psutil.Process(self._proc.pid)
+            if alive(root):
+                procs[root.pid] = root
+                for child in root.children(recursive=True):
+                    procs[child.pid] = child
+        # Children orphaned by a killed server are still in its process group.
+        for member in process_group_members(self._proc.pid):
+            procs.setdefault(member.pid, member)
+        self._known_children.update(procs)
+        return sorted(pid for pid, proc in procs.items() if alive(proc))
+
+    def stop(self) -> None:
+        """Stop the server and every process it started; idempotent."""
+        self._shutdown()
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+    def restart(self) -> None:
+        """Stop (whatever is left of) the server and start it again on the same ports.
+
+        Loaded models are not reloaded: like a replaced SageMaker container, it starts empty.
+        """
+        self._shutdown()
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir / "model-repository", ignore_errors=True)
+        self.start()
+
+    def _shutdown(self) -> None:
+        if self._proc is not None:
+            self._before_terminate()
+            self._terminate_group()
+            self._proc = None
+        self._close_log()
+        self._after_stop()
+
+    def _terminate_group(self) -> None:
+        pgid = self._proc.pid  # start_new_session: the server leads its own group
+        procs = {p.pid: p for p in process_group_members(pgid)}
+        with contextlib.suppress(psutil.NoSuchProcess):
+            root = psutil.Process(pgid)
+            procs.update({c.pid: c for c in root.children(recursive=True)})
+        procs.update({pid: p for pid, p in self._known_children.items() if alive(p)})
+        self._signal_all(pgid, list(procs.values()), signal.SIGTERM)
+        deadline = time.monotonic() + self.config.stop_grace_s
+        while time.monotonic() < deadline:
+            self._proc.poll()
+            if not any(alive(p) for p in procs.values()):
+                break
+            time.sleep(0.05)
+        else:
+            self._signal_all(pgid, [p for p in procs.values() if alive(p)], signal.SIGKILL)
+        self._proc.wait(timeout=self.config.stop_grace_s)
+        psutil.wait_procs([p for p in procs.values() if p.pid != pgid], timeout=self.config.stop_grace_s)
+        self._known_children.clear()
+
+    @staticmethod
+    def _signal_all(pgid: int, procs: Sequence[psutil.Process], sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+        for proc in procs:  # members that left the group
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.send_signal(sig)
+
+    def _close_log(self) -> None:
+        if self._log_handle is not None:
+            self._log_handle.close()
+            self._log_handle = None
+
+    def __enter__(self) -> "TritonServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def __del__(self) -> None:
+        if getattr(self, "_proc", None) is not None and self._proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._proc.pid, signal.SIGKILL)

@@ -1,0 +1,72 @@
+"""Fixtures for the model store, extraction, cache and SageMaker error-shape tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from mme.fsutil import deterministic_tar_gz
+from store_helpers import CONFIG, Member, free_port, write_tarball
+
+@pytest.fixture
+def make_tarball(tmp_path: Path) -> Callable[..., Path]:
+    """make_tarball(members, name=..., compress=True) -> path of a hand-built tarball."""
+    counter = iter(range(1_000_000))
+
+    def make(members: list[Member], name: str | None = None, compress: bool = True) -> Path:
+        out = tmp_path / "tarballs"
+        out.mkdir(exist_ok=True)
+        return write_tarball(out / (name or f"t{next(counter)}.tar.gz"), members, compress)
+
+    return make
+
+
+@pytest.fixture
+def tiny_model_dir(tmp_path: Path) -> Path:
+    """A valid one-model Triton directory (python backend), not tarred."""
+    root = tmp_path / "tiny-src" / "tiny"
+    (root / "1").mkdir(parents=True)
+    (root / "config.pbtxt").write_text(CONFIG)
+    (root / "1" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
+    return root
+
+
+@pytest.fixture
+def tiny_tarball(tiny_model_dir: Path, tmp_path: Path) -> Path:
+    """The MME tarball of tiny_model_dir, made like 'mme package' makes it."""
+    dest = tmp_path / "tiny.tar.gz"
+    deterministic_tar_gz(tiny_model_dir, "tiny", dest)
+    return dest
+
+
+@dataclass(frozen=True)
+class PackagedArtifact:
+    directory: Path  # artifacts/test_resnet/cpu-local
+    tarball: Path
+    package_seconds: float
+
+
+@pytest.fixture(scope="session")
+def resnet_artifact(tmp_path_factory: pytest.TempPathFactory) -> PackagedArtifact:
+    """timm's tiny test_resnet packaged by 'mme package' (cpu-local, random weights, no network)."""
+    from mme.cli import main
+
+    out = tmp_path_factory.mktemp("artifacts")
+    start = time.perf_counter()
+    code = main(["-q", "package", "test_resnet", "--no-pretrained", "--formats", "cpu-local", "--out", str(out)])
+    seconds = time.perf_counter() - start
+    if code != 0:
+        pytest.fail(f"mme package test_resnet failed with exit code {code}")
+    directory = out / "test_resnet" / "cpu-local"
+    return PackagedArtifact(directory, directory / "test_resnet.tar.gz", seconds)
+
+
+ATA_DISABLED", "true")
