@@ -31,6 +31,7 @@ package: $(STAMP) ## export, validate and lay out MODEL (make package MODEL=resn
 
 demo: $(STAMP) ## the main job on local defaults (no GPU, no cloud account)
 	$(MME) package $(MODEL) --formats $(FORMATS) --out $(OUT) $(ARGS)
+	@echo "==> demo done: artifacts in $(OUT)/$(MODEL)/ (manifest.json in each format directory)"
 
 test: $(STAMP) ## run the test suite (GPU tests are skipped without a GPU)
 	$(BIN)/pytest $(PYTEST_ARGS)
@@ -39,7 +40,7 @@ test-gpu: $(STAMP) ## run only the GPU-marked tests (on a GPU host with `pip ins
 	$(BIN)/pytest -m gpu $(PYTEST_ARGS)
 
 bench-package: $(STAMP) ## time each packaging stage and the peak memory for MODEL
-	$(BIN)/python tests/benchmarks/bench_package.py $(MODEL)
+	$(BIN)/python tests/benchmarks/bench_package.py $(MODEL) --formats $(FORMATS)
 
 lock: ## regenerate constraints.txt from a fresh resolve of pyproject.toml
 	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 from typing import Sequence
 
 from mme import __version__
@@ -42,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Triton's libtorch backend still loads TorchScript: its deprecation notice is noise here.
+    warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=FutureWarning)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

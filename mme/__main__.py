@@ -1,0 +1,3 @@
+from mme.cli import entry_point
+
+entry_point()
