@@ -19,6 +19,7 @@ from mme.errors import MmeError, UsageError
 # Modules that define ``register(subparsers)``; order is the order shown in --help.
 COMMAND_MODULES = (
     "packager.cli",
+    "serving.cli",
 )
 
 

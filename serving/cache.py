@@ -9,7 +9,10 @@ On disk, one directory per target (named by a hash of the target, as SageMaker n
 A fetch of a target that is cached and unchanged at the source (same size and ETag/mtime)
 is a hit: no download. Concurrent fetches of one target share one download (single flight):
 the first caller does the work, the others wait and get the same result or the same error.
-A failed fetch leaves the cache as it was. One process per cache root.
+A failed fetch leaves the cache as it was (a previous copy of a since-changed object stays
+until a fetch of the new object succeeds). Revalidation asks the source each time a cached
+target is fetched: if the object is gone or the source unreachable, the fetch fails.
+One process per cache root.
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ def cache_key(target: str) -> str:
 
 class ModelCache:
     def __init__(self, root: Path, source: ModelSource, limits: ExtractLimits = ExtractLimits(), *, revalidate: bool = True) -> None:
-        self.root = Path(root)
+        self.root = Path(root).resolve()  # the container resolves a relative url against its own cwd
         self.root.mkdir(parents=True, exist_ok=True)
         self.source = source
         self.limits = limits

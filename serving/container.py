@@ -104,7 +104,9 @@ def error_message(response: requests.Response) -> str:
 class ContainerClient:
     """Calls one container's MME contract over a keep-alive HTTP session."""
 
-    def __init__(self, base_url: str, timeout_s: float = DEFAULT_TIMEOUT_S, load_timeout_s: float = LOAD_TIMEOUT_S) -> None:
+    def __init__(
+        self, base_url: str, timeout_s: float = DEFAULT_TIMEOUT_S, load_timeout_s: float = LOAD_TIMEOUT_S
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self.load_timeout_s = load_timeout_s

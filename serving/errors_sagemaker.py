@@ -9,9 +9,10 @@ the first ``:``; the message from the body's ``Message``/``message``; modeled me
 (``OriginalStatusCode``...) from the body by name. Without the header the code would be
 the bare status ("424") and boto3 would raise a plain ClientError.
 
-Retries: boto3's standard and legacy modes retry 500 and 503 (InternalFailure,
-ServiceUnavailable) by themselves; a load test counting client calls sees fewer calls than
-the server saw requests.
+Retries (measured with botocore 1.44.8): boto3 retries InternalFailure (500) and
+ServiceUnavailable (503) by itself in both retry modes, and ModelNotReadyException (429)
+in the legacy mode, the default when no retry mode is configured (up to 5 attempts). A load
+test that counts client calls sees fewer calls than the server saw requests.
 """
 
 from __future__ import annotations

@@ -114,7 +114,7 @@ class _HashingReader:
             pass
 
 
-def _check_member(member: tarfile.TarInfo, seen: set[str], limits: ExtractLimits, name: str) -> str:
+def _check_member(member: tarfile.TarInfo, seen: dict[str, bool], limits: ExtractLimits, name: str) -> str:
     """Return the member's normalised path or raise; called before the member is written."""
     raw = member.name
     if raw.startswith("/"):
@@ -137,9 +137,13 @@ def _check_member(member: tarfile.TarInfo, seen: set[str], limits: ExtractLimits
             raise UnsafeArtifact(f"{name}: member {raw!r} is a sparse file; rebuild the tarball without --sparse")
     elif not member.isdir():
         raise UnsafeArtifact(f"{name}: member {raw!r} is a device, FIFO or other special file; only files and directories are allowed")
-    if norm != "." and norm in seen:
+    parts = norm.split("/")
+    for i in range(1, len(parts)):
+        if seen.get("/".join(parts[:i])) is False:
+            raise UnsafeArtifact(f"{name}: member {raw!r} is inside {'/'.join(parts[:i])!r}, which is not a directory; rebuild the tarball")
+    if norm in seen and not (seen[norm] and member.isdir()):
         raise UnsafeArtifact(f"{name}: member {raw!r} appears twice; rebuild the tarball")
-    seen.add(norm)
+    seen[norm] = member.isdir()
     return norm
 
 
@@ -147,7 +151,7 @@ def _unpack(tarball: Path, into: Path, limits: ExtractLimits) -> tuple[int, int,
     """Stream-extract into ``into``; return (members, uncompressed file bytes, tarball bytes, sha256)."""
     name = tarball.name
     members = total = 0
-    seen: set[str] = set()
+    seen: dict[str, bool] = {".": True}  # normalised name -> is a directory
     with open(tarball, "rb") as fh:
         if fh.read(2) != b"\x1f\x8b":
             raise CorruptArtifact(f"{name} is not gzip-compressed; an MME model must be a .tar.gz (tar -czf)")
@@ -167,7 +171,7 @@ def _unpack(tarball: Path, into: Path, limits: ExtractLimits) -> tuple[int, int,
                             total += member.size
                             if total > limits.max_total_bytes:
                                 raise ArtifactTooLarge(
-                                    f"{name} unpacks to more than {limits.max_total_bytes} bytes; raise max_total_bytes if the model really is that large"
+                                    f"{name} unpacks to more than {limits.max_total_bytes:,} bytes; raise max_total_bytes if the model really is that large"
                                 )
                         tar.extract(member, path=into, filter="data")
                 while gz.read(1 << 20):  # the rest of the gzip stream: verifies CRC and length
@@ -184,18 +188,19 @@ def _unpack(tarball: Path, into: Path, limits: ExtractLimits) -> tuple[int, int,
     return members, total, hashing.count, hashing.digest.hexdigest()
 
 
-def read_model_config(path: Path) -> model_config_pb2.ModelConfig:
-    """Parse a config.pbtxt with Triton's own schema."""
+def read_model_config(path: Path, label: str = "") -> model_config_pb2.ModelConfig:
+    """Parse a config.pbtxt with Triton's own schema; ``label`` names it in errors."""
     try:
         return text_format.Parse(path.read_text(encoding="utf-8"), model_config_pb2.ModelConfig())
     except (text_format.ParseError, DecodeError, UnicodeDecodeError) as exc:
-        raise InvalidModelLayout(f"{path.name} in the tarball is not a valid Triton model config ({exc}); fix it and re-package") from None
+        where = label or str(path)
+        raise InvalidModelLayout(f"{where} is not a valid Triton model config ({exc}); fix it and re-package") from None
 
 
 def check_layout(root: Path, tarball_name: str = "tarball") -> tuple[str, tuple[str, ...]]:
     """Return (layout, model directories) for an extracted model, or raise InvalidModelLayout."""
     if (root / CONFIG_NAME).is_file():
-        read_model_config(root / CONFIG_NAME)
+        read_model_config(root / CONFIG_NAME, f"{tarball_name}: {CONFIG_NAME}")
         return "root-config", ()
     dirs = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.is_symlink())
     if not dirs:
@@ -205,7 +210,7 @@ def check_layout(root: Path, tarball_name: str = "tarball") -> tuple[str, tuple[
         path = root / d / CONFIG_NAME
         if not path.is_file():
             raise InvalidModelLayout(f"{tarball_name}: model directory {d}/ has no {CONFIG_NAME}; add one (see 'mme package')")
-        configs[d] = read_model_config(path)
+        configs[d] = read_model_config(path, f"{tarball_name}: {d}/{CONFIG_NAME}")
     if len(dirs) == 1:
         return "model-dir", (dirs[0],)
     ensembles = [d for d, c in configs.items() if c.platform == "ensemble"]

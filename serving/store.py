@@ -219,9 +219,13 @@ class S3Source(ModelSource):
         try:
             reply = self._client.get_object(Bucket=self.bucket, Key=key)
             info = ObjectInfo(target, int(reply["ContentLength"]), reply["ETag"].strip('"'), f"s3://{self.bucket}/{key}")
-            with open(dest, "wb") as fh, reply["Body"] as body:
-                for block in body.iter_chunks(_CHUNK):
-                    fh.write(block)
+            body = reply["Body"]
+            try:
+                with open(dest, "wb") as fh:
+                    for block in body.iter_chunks(_CHUNK):
+                        fh.write(block)
+            finally:
+                body.close()
         except self._errors() as exc:
             raise self._fail(exc, target) from None
         if Path(dest).stat().st_size != info.size:

@@ -23,6 +23,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -32,7 +33,7 @@ import psutil
 from mme.errors import MmeError
 
 DEFAULT_SAGEMAKER_PORT = 8080
-LOG_FILE_NAME = "tritonserver.log"
+INSTANCE_ENV = "MME_TRITON_INSTANCE"  # marks the processes of one TritonServer object
 
 
 class TritonServerError(MmeError):
@@ -51,7 +52,7 @@ class TritonServerConfig:
     http_port: int = 0  # Triton's own KServe v2 HTTP API
     grpc_port: int | None = 0  # None: gRPC off
     metrics_port: int | None = 0  # None: Prometheus metrics off
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # Triton 2.51's SageMaker service ignores it and binds 0.0.0.0
     log_dir: Path | None = None  # None: a temporary directory removed by stop()
     log_verbose: int = 0
     env: Mapping[str, str] = field(default_factory=dict, hash=False)  # extra environment
@@ -121,7 +122,7 @@ def sagemaker_environment(config: TritonServerConfig) -> dict[str, str]:
     return {"SAGEMAKER_MULTI_MODEL": "true", "SAGEMAKER_BIND_TO_PORT": str(config.sagemaker_port)}
 
 
-def log_tail(path: Path, lines: int = 8, max_chars: int = 1500) -> str:
+def log_tail(path: Path, lines: int = 6, max_chars: int = 1500) -> str:
     """The last non-empty lines of a log as one line (`` | `` between lines)."""
     try:
         with open(path, "rb") as fh:
@@ -131,7 +132,9 @@ def log_tail(path: Path, lines: int = 8, max_chars: int = 1500) -> str:
             text = fh.read().decode("utf-8", errors="replace")
     except FileNotFoundError:
         return "(no log written)"
-    kept = [line.strip() for line in text.splitlines() if line.strip()][-lines:]
+    # Whitespace collapsed (Triton pads its tables to ~250 columns), table borders dropped.
+    squeezed = (" ".join(line.split()) for line in text.splitlines())
+    kept = [line for line in squeezed if line and not line.startswith("+-")][-lines:]
     joined = " | ".join(kept) or "(log is empty)"
     return joined[-max_chars:]
 
@@ -154,12 +157,14 @@ def alive(proc: psutil.Process) -> bool:
         return False
 
 
-def process_group_members(pgid: int) -> list[psutil.Process]:
-    """Live processes in process group ``pgid`` (also those orphaned by a killed server)."""
+def process_group_members(pgid: int, instance_id: str) -> list[psutil.Process]:
+    """Live processes of process group ``pgid`` that carry ``INSTANCE_ENV=instance_id``
+    (children orphaned by a killed server included). The check of the variable, which every
+    child inherits, guards against an unrelated group that reused the number."""
     members = []
     for proc in psutil.process_iter():
         with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
-            if os.getpgid(proc.pid) == pgid and alive(proc):
+            if os.getpgid(proc.pid) == pgid and alive(proc) and proc.environ().get(INSTANCE_ENV) == instance_id:
                 members.append(proc)
     return members
 
@@ -174,6 +179,7 @@ class TritonServer(abc.ABC):
         self._workdir: Path | None = None
         self._log_handle = None
         self._known_children: dict[int, psutil.Process] = {}
+        self.instance_id = uuid.uuid4().hex  # in the environment of every process it starts
         self.startup_s: float | None = None
 
     # -- what subclasses provide --------------------------------------------------------
@@ -212,9 +218,10 @@ class TritonServer(abc.ABC):
 
     @property
     def log_path(self) -> Path | None:
+        """stdout and stderr of the server (appended to across restarts); None before start()."""
         if self._workdir is None:
             return None
-        return (self.config.log_dir or self._workdir) / LOG_FILE_NAME
+        return (self.config.log_dir or self._workdir) / f"tritonserver-{self.config.sagemaker_port}.log"
 
     # -- lifecycle --------------------------------------------------------------------
     def start(self) -> None:
@@ -236,7 +243,7 @@ class TritonServer(abc.ABC):
         try:
             self._proc = subprocess.Popen(
                 self.command(repository),
-                env=self._environment(),
+                env={**self._environment(), INSTANCE_ENV: self.instance_id},
                 stdin=subprocess.DEVNULL,
                 stdout=self._log_handle,
                 stderr=subprocess.STDOUT,
@@ -245,8 +252,13 @@ class TritonServer(abc.ABC):
             )
         except OSError as exc:
             self._close_log()
-            raise TritonStartupError(f"cannot run {self.command(repository)[0]}: {exc.strerror}; check the installation") from None
-        self._wait_until_healthy(started)
+            program = self.command(repository)[0]
+            raise TritonStartupError(f"cannot run {program}: {exc.strerror}; check the installation") from None
+        try:
+            self._wait_until_healthy(started)
+        except BaseException:  # Ctrl-C included: leave nothing running
+            self.stop()
+            raise
         self.startup_s = time.monotonic() - started
 
     def _wait_until_healthy(self, started: float) -> None:
@@ -288,14 +300,14 @@ class TritonServer(abc.ABC):
         if self._proc is None:
             return []
         procs: dict[int, psutil.Process] = {}
-        with contextlib.suppress(psutil.NoSuchProcess):
-            root = psutil.Process(self._proc.pid)
-            if alive(root):
+        if self._proc.poll() is None:  # once reaped, its pid may be another process's
+            with contextlib.suppress(psutil.NoSuchProcess):
+                root = psutil.Process(self._proc.pid)
                 procs[root.pid] = root
                 for child in root.children(recursive=True):
                     procs[child.pid] = child
         # Children orphaned by a killed server are still in its process group.
-        for member in process_group_members(self._proc.pid):
+        for member in process_group_members(self._proc.pid, self.instance_id):
             procs.setdefault(member.pid, member)
         self._known_children.update(procs)
         return sorted(pid for pid, proc in procs.items() if alive(proc))
@@ -327,10 +339,11 @@ class TritonServer(abc.ABC):
 
     def _terminate_group(self) -> None:
         pgid = self._proc.pid  # start_new_session: the server leads its own group
-        procs = {p.pid: p for p in process_group_members(pgid)}
-        with contextlib.suppress(psutil.NoSuchProcess):
-            root = psutil.Process(pgid)
-            procs.update({c.pid: c for c in root.children(recursive=True)})
+        procs = {p.pid: p for p in process_group_members(pgid, self.instance_id)}
+        if self._proc.poll() is None:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                root = psutil.Process(pgid)
+                procs.update({p.pid: p for p in [root, *root.children(recursive=True)]})
         procs.update({pid: p for pid, p in self._known_children.items() if alive(p)})
         self._signal_all(pgid, list(procs.values()), signal.SIGTERM)
         deadline = time.monotonic() + self.config.stop_grace_s
@@ -347,6 +360,8 @@ class TritonServer(abc.ABC):
 
     @staticmethod
     def _signal_all(pgid: int, procs: Sequence[psutil.Process], sig: signal.Signals) -> None:
+        if not procs:  # the group is gone: its number may belong to someone else now
+            return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, sig)
         for proc in procs:  # members that left the group

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes.util
 import glob
+import importlib.metadata
 import importlib.util
 import os
 import shutil
@@ -96,6 +97,13 @@ def _same_file_content(a: Path, b: Path) -> bool:
     return a.is_file() and b.is_file() and a.stat().st_size == b.stat().st_size and a.read_bytes() == b.read_bytes()
 
 
+def wheel_version() -> str:
+    try:
+        return importlib.metadata.version("nvidia-pytriton")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "mme" / "triton-backends"
@@ -111,7 +119,8 @@ def prepare_backends(dist: TritonDistribution, version: str | None = None, cache
     if not stub.is_file():
         available = sorted(p.parent.name for p in dist.root.glob(f"python_backend_stubs/*/{STUB_NAME}"))
         raise TritonNotInstalledError(
-            f"nvidia-pytriton has no python-backend stub for Python {version} (it has: {', '.join(available) or 'none'}); "
+            f"nvidia-pytriton has no python-backend stub for Python {version} "
+            f"(it has: {', '.join(available) or 'none'}); "
             "run mme with one of those Python versions"
         )
     in_place = dist.backends / "python" / STUB_NAME
@@ -121,7 +130,7 @@ def prepare_backends(dist: TritonDistribution, version: str | None = None, cache
         _copy_executable(stub, in_place)
         return dist.backends
     # Read-only site-packages: a private copy of backends/ with the stub added.
-    target = (cache_dir or default_cache_dir()) / f"py{version}"
+    target = (cache_dir or default_cache_dir()) / f"nvidia-pytriton-{wheel_version()}-py{version}"
     target_stub = target / "python" / STUB_NAME
     if _same_file_content(stub, target_stub):
         return target

@@ -1,0 +1,82 @@
+"""``mme serve``: a local SageMaker multi-model endpoint on a real Triton server."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+
+from mme.progress import Reporter
+from packager.cli import positive_int
+
+
+def _bytes(text: str) -> int:
+    units = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+    cleaned = text.strip().lower().removesuffix("ib").removesuffix("b")
+    try:
+        if cleaned and cleaned[-1] in units:
+            return int(float(cleaned[:-1]) * units[cleaned[-1]])
+        return int(cleaned)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of bytes like 4G or 512M, got {text!r}") from None
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1], got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1], got {text!r}")
+    return value
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "serve",
+        help="run a local SageMaker multi-model endpoint in front of a real Triton server",
+        description="Serve <name>.tar.gz objects from a directory or S3 prefix the way a SageMaker MME does: "
+        "load on first request, evict least recently used models past the memory threshold. Any "
+        "sagemaker-runtime client works with endpoint_url=http://HOST:PORT.",
+    )
+    p.add_argument("--models", required=True, help="directory (e.g. artifacts/resnet50/cpu-local) or s3://bucket/prefix")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8080, help="port (default: %(default)s; 0 = any free port)")
+    p.add_argument("--memory-threshold", type=_fraction, default=0.9, help="evict above this share of the limit (0.9)")
+    p.add_argument("--memory-limit", type=_bytes, help="memory the models may use, e.g. 4G (default: GPU memory, or host RAM)")
+    p.add_argument("--copies", type=int, default=0, metavar="N",
+                   help="also answer for <name>-v1..vN.tar.gz from <name>.tar.gz (no duplicate files)")
+    p.add_argument("--server", choices=("auto", "local", "docker"), default="auto",
+                   help="Triton under Docker with a GPU, or the local CPU binary (default: auto)")
+    p.add_argument("--cache-dir", help="where tarballs are extracted (default: a temporary directory)")
+    p.add_argument("--s3-endpoint-url", help="S3-compatible endpoint for s3:// sources")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from serving.local_endpoint import LocalEndpoint, LocalEndpointOptions
+
+    options = LocalEndpointOptions(
+        models=args.models, host=args.host, port=args.port, memory_threshold=args.memory_threshold,
+        memory_limit_bytes=args.memory_limit, copies=args.copies, server_kind=args.server,
+        cache_dir=Path(args.cache_dir) if args.cache_dir else None, s3_endpoint_url=args.s3_endpoint_url,
+    )
+    reporter = Reporter(quiet=args.quiet)
+    endpoint = LocalEndpoint(options, reporter)
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        endpoint.start_in_thread()
+        reporter.info(f"==> local MME at {endpoint.url} (models from {args.models}; Triton pid {endpoint.server.pid})")
+        reporter.info(f"    boto3.client('sagemaker-runtime', endpoint_url='{endpoint.url}').invoke_endpoint("
+                      "EndpointName='local', TargetModel='<name>.tar.gz', ...)")
+        reporter.info(f"    metrics: {endpoint.url}/metrics (Prometheus), {endpoint.url}/metrics.json; Ctrl-C stops")
+        stop.wait()
+    except KeyboardInterrupt:
+        reporter.info("==> stopping")
+    finally:
+        endpoint.stop()
+        signal.signal(signal.SIGTERM, previous)
+    return 0

@@ -1,0 +1,79 @@
+"""DockerTritonServer: the command it builds and its errors where Docker is unusable."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+
+from mme.errors import MmeError
+from mme.versions import release
+from serving.triton.base import TritonServerConfig
+from serving.triton.docker import CONTAINER_REPOSITORY, DockerTritonServer, DockerUnavailableError
+
+CONFIG = TritonServerConfig(sagemaker_port=8080, http_port=8000, grpc_port=8001, metrics_port=8002, env={"A": "b"})
+
+
+def option_values(argv: list[str], option: str) -> list[str]:
+    return [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == option]
+
+
+def fake_docker(tmp_path: Path, script: str) -> str:
+    path = tmp_path / "docker"
+    path.write_text("#!/bin/sh\n" + script + "\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def test_command_runs_triton_in_sagemaker_multi_model_mode(tmp_path):
+    cache = tmp_path / "model-cache"
+    server = DockerTritonServer(CONFIG, model_dirs=[cache], shm_size="4g", container_name="mme-t")
+    argv = server.command(Path("/host/repo"))
+
+    image_at = argv.index(release().triton_container)
+    docker_part, triton_part = argv[:image_at], argv[image_at + 1:]
+    assert docker_part[:3] == ["docker", "run", "--rm"]
+    assert option_values(docker_part, "--name") == ["mme-t"]
+    assert option_values(docker_part, "--gpus") == ["all"]
+    assert option_values(docker_part, "--shm-size") == ["4g"]
+    assert option_values(docker_part, "-p") == [f"127.0.0.1:{p}:{p}" for p in (8080, 8000, 8001, 8002)]
+    assert set(option_values(docker_part, "-e")) == {"SAGEMAKER_MULTI_MODEL=true", "SAGEMAKER_BIND_TO_PORT=8080", "A=b"}
+    resolved = cache.resolve()
+    assert option_values(docker_part, "-v") == [f"/host/repo:{CONTAINER_REPOSITORY}:ro", f"{resolved}:{resolved}:ro"]
+
+    assert triton_part[0] == "tritonserver"
+    for flag in ("--allow-sagemaker=true", "--model-control-mode=explicit", "--sagemaker-port=8080",
+                 f"--model-repository={CONTAINER_REPOSITORY}", "--http-port=8000", "--http-address=0.0.0.0"):
+        assert flag in triton_part
+    assert server.sagemaker_url == "http://127.0.0.1:8080"
+
+
+def test_image_and_gpus_can_be_overridden():
+    argv = DockerTritonServer(CONFIG, image="my/triton:1", gpus=None).command(Path("/r"))
+    assert "my/triton:1" in argv and "--gpus" not in argv
+
+
+def test_start_without_docker_command_is_a_clear_error(tmp_path):
+    server = DockerTritonServer(TritonServerConfig(sagemaker_port=0), docker=str(tmp_path / "no-docker"))
+    with pytest.raises(DockerUnavailableError) as info:
+        server.start()
+    message = str(info.value)
+    assert isinstance(info.value, MmeError) and "\n" not in message
+    assert "not installed" in message and "kind='local'" in message
+    assert not server.is_running()
+
+
+def test_start_without_engine_is_a_clear_error(tmp_path):
+    docker = fake_docker(tmp_path, 'echo "Cannot connect to the Docker daemon at unix:///x.sock." >&2; exit 1')
+    server = DockerTritonServer(TritonServerConfig(sagemaker_port=0), docker=docker)
+    with pytest.raises(DockerUnavailableError, match="not reachable.*Cannot connect to the Docker daemon"):
+        server.start()
+    assert not server.is_running()
+
+
+def test_start_without_the_image_says_how_to_pull_it(tmp_path):
+    docker = fake_docker(tmp_path, 'case "$1" in info) echo 28.0;; *) echo "No such image" >&2; exit 1;; esac')
+    server = DockerTritonServer(TritonServerConfig(sagemaker_port=0), image="nvcr.io/x/y:1", docker=docker)
+    with pytest.raises(DockerUnavailableError, match="docker pull nvcr.io/x/y:1"):
+        server.start()
