@@ -13,7 +13,7 @@ ARGS ?=
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install package demo test test-gpu lint bench-package clean lock
+.PHONY: help install package demo test test-gpu bench-package bench-front clean lock
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -41,6 +41,9 @@ test-gpu: $(STAMP) ## run only the GPU-marked tests (on a GPU host with `pip ins
 
 bench-package: $(STAMP) ## time each packaging stage and the peak memory for MODEL
 	$(BIN)/python tests/benchmarks/bench_package.py $(MODEL) --formats $(FORMATS)
+
+bench-front: $(STAMP) ## the local front's added cost over calling Triton directly
+	$(BIN)/python tests/benchmarks/bench_front.py
 
 lock: ## regenerate constraints.txt from a fresh resolve of pyproject.toml
 	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock

@@ -32,6 +32,11 @@ def _fraction(text: str) -> float:
 
 
 def register(subparsers) -> None:
+    register_serve(subparsers)
+    register_capacity(subparsers)
+
+
+def register_serve(subparsers) -> None:
     p = subparsers.add_parser(
         "serve",
         help="run a local SageMaker multi-model endpoint in front of a real Triton server",
@@ -79,4 +84,40 @@ def run(args: argparse.Namespace) -> int:
     finally:
         endpoint.stop()
         signal.signal(signal.SIGTERM, previous)
+    return 0
+
+
+def register_capacity(subparsers) -> None:
+    p = subparsers.add_parser(
+        "capacity",
+        help="count how many copies of a packaged model fit under a memory threshold, and check the prediction",
+        description="Start an empty Triton server, load copies of ARTIFACT one by one through the MME container "
+        "API, measure after each, predict how many fit under the threshold, then load to the threshold to check.",
+    )
+    p.add_argument("artifact", help="artifacts/<model>/<format> made by 'mme package'")
+    p.add_argument("--threshold", type=_fraction, default=0.9, help="share of the memory limit (default: 0.9)")
+    p.add_argument("--memory-limit", type=_bytes, help="memory to fill, e.g. 2G (default: this host's RAM)")
+    p.add_argument("--probe-copies", type=positive_int, default=3, help="copies measured for the prediction (3)")
+    p.add_argument("--no-verify", dest="verify", action="store_false", help="predict only; don't load to the threshold")
+    p.add_argument("--cycles", type=int, default=0, metavar="N", help="leak check: load and unload one copy N times")
+    p.add_argument("--max-copies", type=positive_int, default=200, help="stop verifying after this many copies")
+    p.add_argument("--instances", help="TOML table of instance types to project onto (see serving/instances.toml)")
+    p.add_argument("--out", default="results", help="where the JSON report goes (default: %(default)s)")
+    p.set_defaults(func=run_capacity)
+
+
+def run_capacity(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from serving.capacity import format_table, load_instances, measure_capacity, write_report
+
+    reporter = Reporter(quiet=args.quiet)
+    report = measure_capacity(
+        Path(args.artifact), threshold=args.threshold, limit_bytes=args.memory_limit, probe_copies=args.probe_copies,
+        verify=args.verify, cycles=max(0, args.cycles), max_copies=args.max_copies,
+        instances=load_instances(Path(args.instances)) if args.instances else None, reporter=reporter,
+    )
+    print(format_table(report))
+    path = write_report(report, Path(args.out))
+    print(f"written {path}")
     return 0

@@ -110,7 +110,9 @@ class MultiModelEndpoint:
     def snapshot(self) -> dict:
         self._record_memory()
         return {**self.metrics.snapshot(), "loaded_models": self.loaded_models(),
-                "memory_threshold": self.config.memory_threshold}
+                "memory_threshold": self.config.memory_threshold,
+                "container": {"kind": type(self.server).__name__, "pid": self.server.pid,
+                              "url": self.server.sagemaker_url}}
 
     # -- invocations -----------------------------------------------------------------------
     async def invoke(self, target: str | None, body: bytes, content_type: str, accept: str | None) -> sm.HttpReply:

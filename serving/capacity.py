@@ -1,0 +1,207 @@
+"""``mme capacity``: the articles' copy-counting loop, done locally and checked.
+
+Start an empty server, measure its baseline, load copies one by one through the container
+API measuring after each, predict how many fit under the threshold, then load to the
+threshold to check the prediction. ``cycles`` loads and unloads one copy repeatedly and
+reports whether memory returns to where it started (users see memory not released).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+import tomllib
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+
+from mme.errors import UsageError
+from mme.fsutil import write_json_atomic
+from mme.progress import Reporter
+from serving.cache import ModelCache
+from serving.container import ContainerClient
+from serving.copies import CopiesSource, copy_name
+from serving.store import LocalDirSource
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class CapacityStep:
+    copies: int
+    memory_bytes: int
+    delta_bytes: int
+    load_seconds: float
+
+
+@dataclass(frozen=True)
+class Projection:
+    instance_type: str
+    gpu: str
+    memory_bytes: int
+    copies: int
+
+
+@dataclass(frozen=True)
+class CapacityReport:
+    model: str
+    format: str
+    memory_kind: str  # "host RSS of the Triton process tree" or "GPU memory (NVML)"
+    limit_bytes: int
+    threshold: float
+    baseline_bytes: int
+    steps: tuple[CapacityStep, ...]
+    footprint_mean_bytes: int
+    footprint_min_bytes: int
+    footprint_max_bytes: int
+    predicted_copies: int
+    actual_copies: int | None
+    projections: tuple[Projection, ...]
+    leak_check: dict | None
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def load_instances(path: Path | None = None) -> dict[str, dict]:
+    text = path.read_text() if path else resources.files("serving").joinpath("instances.toml").read_text()
+    try:
+        return tomllib.loads(text)["instances"]
+    except (tomllib.TOMLDecodeError, KeyError) as exc:
+        raise UsageError(f"{path}: not an instance table ({exc}); see serving/instances.toml for the format") from None
+
+
+def predict(baseline: int, footprint: float, limit: int, threshold: float) -> int:
+    if footprint <= 0:
+        return 0
+    return max(0, math.floor((threshold * limit - baseline) / footprint))
+
+
+def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | None, probe_copies: int = 3,
+                     verify: bool = True, cycles: int = 0, max_copies: int = 500,
+                     instances: dict[str, dict] | None = None, reporter: Reporter | None = None,
+                     cache_dir: Path | None = None) -> CapacityReport:
+    import json
+    import tempfile
+
+    import psutil
+
+    from serving.memory import process_tree_memory
+    from serving.triton.base import TritonServerConfig
+    from serving.triton.factory import create_server
+
+    reporter = reporter or Reporter(quiet=True)
+    manifest_path = artifact / "manifest.json"
+    if not manifest_path.is_file():
+        raise UsageError(f"{artifact} has no manifest.json; point at artifacts/<model>/<format> made by 'mme package'")
+    manifest = json.loads(manifest_path.read_text())
+    tarball = manifest["tarball"]
+    limit = limit_bytes or psutil.virtual_memory().total
+    budget = threshold * limit
+    with tempfile.TemporaryDirectory(prefix="mme-capacity-") as tmp:
+        cache = ModelCache(cache_dir or Path(tmp), CopiesSource(LocalDirSource(artifact), max_copies + cycles + 1))
+        server = create_server("local", TritonServerConfig(sagemaker_port=0, grpc_port=None, metrics_port=None))
+        server.start()
+        try:
+            control = ContainerClient(server.sagemaker_url)
+
+            def used() -> int:
+                time.sleep(0.2)  # let the stub settle
+                return process_tree_memory(server.pids()).rss_bytes
+
+            baseline = used()
+            reporter.info(f"==> capacity of {manifest['model']} ({manifest['format']}): baseline {baseline / 2**20:.0f} MiB, "
+                          f"limit {limit / 2**20:.0f} MiB, threshold {threshold:.0%}")
+            steps: list[CapacityStep] = []
+            memory = baseline
+
+            def load_next() -> CapacityStep:
+                nonlocal memory
+                index = len(steps) + 1
+                target = copy_name(tarball, index)
+                cached = cache.fetch(target)
+                started = time.perf_counter()
+                control.load(target, str(cached.model_dir))
+                seconds = time.perf_counter() - started
+                after = used()
+                step = CapacityStep(index, after, after - memory, round(seconds, 3))
+                memory = after
+                steps.append(step)
+                reporter.info(f"  copy {index:>3}: {after / 2**20:8.0f} MiB (+{step.delta_bytes / 2**20:.0f} MiB, "
+                              f"loaded in {seconds:.2f} s, {after / limit:.1%} of the limit)")
+                return step
+
+            for _ in range(probe_copies):
+                load_next()
+            deltas = [s.delta_bytes for s in steps]
+            mean = statistics.fmean(deltas)
+            predicted = predict(baseline, mean, limit, threshold)
+            reporter.info(f"  per copy {mean / 2**20:.0f} MiB (min {min(deltas) / 2**20:.0f}, max {max(deltas) / 2**20:.0f}): "
+                          f"predicted {predicted} copies under {threshold:.0%}")
+            actual = None
+            if verify:
+                if predicted > max_copies:
+                    raise UsageError(f"{predicted} copies predicted: more than --max-copies {max_copies}; "
+                                     "pass a smaller --memory-limit or --no-verify")
+                while memory <= budget and len(steps) < max_copies:
+                    load_next()
+                actual = len([s for s in steps if s.memory_bytes <= budget])
+                reporter.info(f"  actual: {actual} copies fit (predicted {predicted})")
+            leak = _leak_check(control, cache, tarball, len(steps), cycles, used, reporter) if cycles else None
+        finally:
+            server.stop()
+    kind = "host RSS of the Triton process tree"
+    projections = tuple(
+        Projection(name, row.get("gpu", ""), int(row["gpu_memory_gib"] * 2**30),
+                   predict(baseline, mean, int(row["gpu_memory_gib"] * 2**30), threshold))
+        for name, row in (instances or load_instances()).items()
+    )
+    return CapacityReport(
+        model=manifest["model"], format=manifest["format"], memory_kind=kind, limit_bytes=limit, threshold=threshold,
+        baseline_bytes=baseline, steps=tuple(steps), footprint_mean_bytes=int(mean), footprint_min_bytes=min(deltas),
+        footprint_max_bytes=max(deltas), predicted_copies=predicted, actual_copies=actual,
+        projections=projections, leak_check=leak,
+    )
+
+
+def _leak_check(control, cache, tarball, loaded, cycles, used, reporter) -> dict:
+    target = copy_name(tarball, loaded + 1)
+    cached = cache.fetch(target)
+    start = used()
+    readings = []
+    for _ in range(cycles):
+        control.load(target, str(cached.model_dir))
+        control.unload(target)
+        time.sleep(0.5)  # the stub process exits after the unload returns
+        readings.append(used())
+    growth = readings[-1] - start
+    returned = growth <= max(16 * 2**20, 0.05 * start)
+    reporter.info(f"  leak check: {cycles} load/unload cycles, memory {start / 2**20:.0f} -> {readings[-1] / 2**20:.0f} MiB "
+                  f"({'returns to the baseline' if returned else 'does NOT return'})")
+    return {"cycles": cycles, "start_bytes": start, "after_each_bytes": readings, "growth_bytes": growth,
+            "returned_to_baseline": returned}
+
+
+def write_report(report: CapacityReport, out: Path) -> Path:
+    path = out / f"capacity_{report.model}_{report.format}.json"
+    write_json_atomic(path, report.to_dict())
+    return path
+
+
+def format_table(report: CapacityReport) -> str:
+    mib = 2**20
+    lines = [
+        f"model {report.model} ({report.format}); memory measured as {report.memory_kind}",
+        f"baseline {report.baseline_bytes / mib:.0f} MiB; per copy mean {report.footprint_mean_bytes / mib:.0f} MiB "
+        f"(min {report.footprint_min_bytes / mib:.0f}, max {report.footprint_max_bytes / mib:.0f})",
+        f"this host: limit {report.limit_bytes / mib:.0f} MiB at {report.threshold:.0%}: predicted {report.predicted_copies}"
+        + (f", actual {report.actual_copies}" if report.actual_copies is not None else ""),
+        f"{'instance':<18}{'GPU':<6}{'memory':>10}{'copies':>8}",
+    ]
+    lines += [f"{p.instance_type:<18}{p.gpu:<6}{p.memory_bytes / 2**30:>7.0f} GiB{p.copies:>8}" for p in report.projections]
+    if report.memory_kind.startswith("host"):
+        lines.append("(projection applies this host-memory footprint to GPU memory: measure the GPU format on a GPU "
+                     "host for the real figure)")
+    return "\n".join(lines)

@@ -1,0 +1,153 @@
+"""The local front's added cost over calling the container directly, side by side.
+
+    python tests/benchmarks/bench_front.py [--requests 400] [--clients 1,16]
+
+A trivial python-backend model (identity on 4 floats) is served by the real Triton; the same
+HTTP client (one keep-alive requests.Session per client thread) calls Triton's MME invoke
+route directly and then the front's /endpoints/{name}/invocations. Prints p50/p99 latency
+and requests/s for each, the p50 added by the front and the throughput ratio, and writes
+results/bench_front.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import requests
+
+MODEL_PY = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())]) for r in requests]
+'''
+
+
+def trivial_model(root: Path) -> Path:
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from packager.triton_config import write_config
+
+    model = root / "identity"
+    (model / "1").mkdir(parents=True)
+    config = mc.ModelConfig(backend="python", max_batch_size=8)
+    config.input.add(name="INPUT0", data_type=mc.TYPE_FP32, dims=[4])
+    config.output.add(name="OUTPUT0", data_type=mc.TYPE_FP32, dims=[4])
+    config.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
+    write_config(config, model / "config.pbtxt")
+    (model / "1" / "model.py").write_text(MODEL_PY)
+    models = root / "models"
+    models.mkdir()
+    with tarfile.open(models / "identity.tar.gz", "w:gz") as tar:
+        tar.add(model, arcname="identity")
+    return models
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(url: str, process: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"mme serve exited with {process.returncode}")
+        try:
+            if requests.get(url, timeout=1).status_code == 200:
+                return
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"mme serve did not answer {url} within {timeout_s:.0f} s")
+
+
+def drive(url: str, headers: dict, body: bytes, clients: int, per_client: int) -> dict:
+    latencies: list[float] = []
+    lock = threading.Lock()
+    failures = [0]
+
+    def worker() -> None:
+        session = requests.Session()
+        mine = []
+        for _ in range(per_client):
+            start = time.perf_counter()
+            response = session.post(url, data=body, headers=headers)
+            mine.append(time.perf_counter() - start)
+            if response.status_code != 200:
+                failures[0] += 1
+        with lock:
+            latencies.extend(mine)
+
+    threads = [threading.Thread(target=worker) for _ in range(clients)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    latencies.sort()
+    return {"requests": len(latencies), "failures": failures[0], "rps": round(len(latencies) / wall, 1),
+            "p50_ms": round(statistics.median(latencies) * 1e3, 3),
+            "p99_ms": round(latencies[int(0.99 * (len(latencies) - 1))] * 1e3, 3)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=400, help="requests per client count and route")
+    parser.add_argument("--clients", default="1,16")
+    parser.add_argument("--out", type=Path, default=Path("results"))
+    args = parser.parse_args(argv)
+    body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}).encode()
+    headers = {"Content-Type": "application/json"}
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        models = trivial_model(Path(tmp))
+        # `mme serve` in its own process, as users run it: the front shares no interpreter with the clients.
+        port = free_port()
+        server = subprocess.Popen([sys.executable, "-m", "mme", "-q", "serve", "--models", str(models),
+                                   "--port", str(port), "--server", "local"])
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_for(f"{url}/ping", server)
+            front = f"{url}/endpoints/local/invocations"
+            front_headers = dict(headers, **{"X-Amzn-SageMaker-Target-Model": "identity.tar.gz"})
+            drive(front, front_headers, body, 1, 20)  # loads the model, warms both paths
+            direct = requests.get(f"{url}/metrics.json", timeout=10).json()["container"]["url"] + "/models/identity.tar.gz/invoke"
+            drive(direct, headers, body, 1, 20)
+            for clients in (int(c) for c in args.clients.split(",")):
+                per_client = max(1, args.requests // clients)
+                d = drive(direct, headers, body, clients, per_client)
+                f = drive(front, front_headers, body, clients, per_client)
+                rows.append({"clients": clients, "direct": d, "front": f,
+                             "added_p50_ms": round(f["p50_ms"] - d["p50_ms"], 3),
+                             "throughput_ratio": round(f["rps"] / d["rps"], 3)})
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    print(f"{'clients':>7} {'direct p50':>11} {'front p50':>10} {'added p50':>10} {'direct rps':>11} {'front rps':>10} {'ratio':>6}")
+    for r in rows:
+        print(f"{r['clients']:>7} {r['direct']['p50_ms']:>9.2f}ms {r['front']['p50_ms']:>8.2f}ms {r['added_p50_ms']:>8.2f}ms "
+              f"{r['direct']['rps']:>11.1f} {r['front']['rps']:>10.1f} {r['throughput_ratio']:>6.2f}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench_front.json").write_text(json.dumps({"schema_version": 1, "rows": rows}, indent=2) + "\n")
+    print(f"written {args.out / 'bench_front.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
