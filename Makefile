@@ -13,7 +13,7 @@ ARGS ?=
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install package demo test test-gpu bench-package bench-front clean lock
+.PHONY: help install package demo test test-gpu bench-package bench-front bench-cold-start clean lock
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -44,6 +44,9 @@ bench-package: $(STAMP) ## time each packaging stage and the peak memory for MOD
 
 bench-front: $(STAMP) ## the local front's added cost over calling Triton directly
 	$(BIN)/python tests/benchmarks/bench_front.py
+
+bench-cold-start: $(STAMP) ## cold start of MODEL on the local MME: download, extract, load, first inference
+	$(BIN)/python tests/benchmarks/bench_cold_start.py $(OUT)/$(MODEL)/cpu-local
 
 lock: ## regenerate constraints.txt from a fresh resolve of pyproject.toml
 	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock

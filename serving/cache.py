@@ -26,7 +26,7 @@ import shutil
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from mme.errors import MmeError
@@ -54,6 +54,8 @@ class CachedModel:
     extract_seconds: float
     source_version: str  # ETag or mtime the copy was made from
     layout: str  # model-dir, ensemble or root-config
+    # This fetch found the copy already extracted (no download); not part of the model's identity.
+    cache_hit: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,7 @@ class ModelCache:
     def _count_hit(self, cached: CachedModel) -> CachedModel:
         with self._lock:
             self._hits += 1
-        return cached
+        return replace(cached, cache_hit=True)
 
     def _download_and_extract(self, target: str) -> CachedModel:
         entry_dir = self.root / cache_key(target)

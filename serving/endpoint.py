@@ -222,7 +222,9 @@ class MultiModelEndpoint:
                 load_s = time.perf_counter() - started
                 footprint = max(0, self.memory_probe() - before)
                 self._loaded[target] = LoadedEntry(target, cached, footprint, load_s)
-                self.metrics.model_loaded(cached.download_seconds, load_s)
+                fresh = not cached.cache_hit
+                self.metrics.model_loaded(load_s, cached.download_seconds if fresh else None,
+                                          cached.extract_seconds if fresh else None)
                 used = self._record_memory()
                 self.reporter.info(
                     f"  loaded {target} in {load_s:.2f} s (+{footprint / 2**20:.0f} MiB; "

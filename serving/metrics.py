@@ -84,12 +84,16 @@ class EndpointMetrics:
             self.loading_wait.observe(wait_us)
             self._add("ModelLoadingWaitTime", wait_us)
 
-    def model_loaded(self, download_s: float, load_s: float) -> None:
-        self.downloading.observe(download_s * 1e6)
+    def model_loaded(self, load_s: float, download_s: float | None, extract_s: float | None) -> None:
+        """``download_s``/``extract_s`` are None when the tarball was already in the cache."""
         self.loading.observe(load_s * 1e6)
-        self._add("ModelDownloadingTime", download_s * 1e6)
         self._add("ModelLoadingTime", load_s * 1e6)
         self._count("ModelLoads")
+        if download_s is not None:
+            self.downloading.observe(download_s * 1e6)
+            self._add("ModelDownloadingTime", download_s * 1e6)
+        if extract_s is not None:
+            self._add("ModelExtractionTime", extract_s * 1e6)
 
     def model_unloaded(self, unload_s: float, evicted: bool) -> None:
         self.unloading.observe(unload_s * 1e6)

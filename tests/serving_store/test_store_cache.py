@@ -67,7 +67,8 @@ def test_fetch_then_hit_without_download(tmp_path: Path, models_dir: Path, tiny_
     assert first.sha256 == sha256_of(tiny_tarball) and first.tarball_bytes == tiny_tarball.stat().st_size
     assert first.layout == "model-dir" and first.download_seconds >= 0 and first.extract_seconds > 0
 
-    assert cache.fetch("tiny-v1.tar.gz") == first
+    again = cache.fetch("tiny-v1.tar.gz")
+    assert again == first and again.cache_hit and not first.cache_hit
     assert source.downloads == ["tiny-v1.tar.gz"]
     assert cache.stats.hits == 1 and cache.stats.downloads == 1
     assert cache.get("tiny-v1.tar.gz") == first and cache.get("tiny-v2.tar.gz") is None

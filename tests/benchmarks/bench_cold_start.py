@@ -1,0 +1,81 @@
+"""Cold start on the local MME: first request to first answer, split into download,
+extraction, container load and first inference.
+
+    python tests/benchmarks/bench_cold_start.py [artifacts/resnet50/cpu-local]
+
+Runs `mme serve` in its own process on the artifact's directory, sends the artifact's
+sample request with boto3 to a target that is not loaded, reads the endpoint's
+/metrics.json, prints the split and writes results/bench_cold_start_<model>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import boto3
+import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.benchmarks.bench_front import free_port, wait_for  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("artifact", nargs="?", type=Path, default=Path("artifacts/resnet50/cpu-local"))
+    parser.add_argument("--out", type=Path, default=Path("results"))
+    args = parser.parse_args(argv)
+    manifest_path = args.artifact / "manifest.json"
+    if not manifest_path.is_file():
+        raise SystemExit(f"no manifest.json in {args.artifact}: run `make package MODEL=resnet50` first")
+    manifest = json.loads(manifest_path.read_text())
+    body = (args.artifact / manifest["sample_request"]["json_file"]).read_bytes()
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "mme", "-q", "serve", "--models", str(args.artifact),
+                               "--port", str(port), "--server", "local", "--copies", "2"])
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for(f"{url}/ping", server)
+        sm = boto3.client("sagemaker-runtime", endpoint_url=url, region_name="us-east-1",
+                          aws_access_key_id="local", aws_secret_access_key="local")
+        target = manifest["tarball"].replace(".tar.gz", "-v1.tar.gz")
+        timings = []
+        for _ in range(3):
+            start = time.perf_counter()
+            sm.invoke_endpoint(EndpointName="local", TargetModel=target, ContentType="application/json", Body=body)
+            timings.append(time.perf_counter() - start)
+        latency = requests.get(f"{url}/metrics.json", timeout=10).json()["latency_us"]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+    def first(name: str) -> float:
+        return latency[name]["sum"] / 1e3 if name in latency else 0.0  # one event each on a cold start
+
+    split = {
+        "download_ms": first("ModelDownloadingTime"),
+        "extract_ms": first("ModelExtractionTime"),
+        "load_ms": first("ModelLoadingTime"),
+        "first_inference_ms": round(latency["ModelLatency"]["max"] / 1e3, 3),
+        "first_answer_ms": round(timings[0] * 1e3, 3),
+        "warm_answer_ms": round(min(timings[1:]) * 1e3, 3),
+        "tarball_mb": round((args.artifact / manifest["tarball"]).stat().st_size / 1e6, 1),
+    }
+    split["other_ms"] = round(split["first_answer_ms"] - split["download_ms"] - split["extract_ms"]
+                              - split["load_ms"] - split["first_inference_ms"], 3)
+    print(f"cold start of {target} ({manifest['model']}, {manifest['format']}, {split['tarball_mb']} MB tarball):")
+    for key in ("download_ms", "extract_ms", "load_ms", "first_inference_ms", "other_ms", "first_answer_ms", "warm_answer_ms"):
+        print(f"  {key:<20}{split[key]:>10.1f}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"bench_cold_start_{manifest['model']}.json"
+    path.write_text(json.dumps({"schema_version": 1, "target": target, **split}, indent=2) + "\n")
+    print(f"written {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
