@@ -6,29 +6,8 @@ import argparse
 import signal
 import threading
 
+from mme.argtypes import byte_size, fraction, positive_int
 from mme.progress import Reporter
-from packager.cli import positive_int
-
-
-def _bytes(text: str) -> int:
-    units = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
-    cleaned = text.strip().lower().removesuffix("ib").removesuffix("b")
-    try:
-        if cleaned and cleaned[-1] in units:
-            return int(float(cleaned[:-1]) * units[cleaned[-1]])
-        return int(cleaned)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of bytes like 4G or 512M, got {text!r}") from None
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1], got {text!r}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1], got {text!r}")
-    return value
 
 
 def register(subparsers) -> None:
@@ -47,8 +26,8 @@ def register_serve(subparsers) -> None:
     p.add_argument("--models", required=True, help="directory (e.g. artifacts/resnet50/cpu-local) or s3://bucket/prefix")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     p.add_argument("--port", type=int, default=8080, help="port (default: %(default)s; 0 = any free port)")
-    p.add_argument("--memory-threshold", type=_fraction, default=0.9, help="evict above this share of the limit (0.9)")
-    p.add_argument("--memory-limit", type=_bytes, help="memory the models may use, e.g. 4G (default: GPU memory, or host RAM)")
+    p.add_argument("--memory-threshold", type=fraction, default=0.9, help="evict above this share of the limit (0.9)")
+    p.add_argument("--memory-limit", type=byte_size, help="memory the models may use, e.g. 4G (default: GPU memory, or host RAM)")
     p.add_argument("--copies", type=int, default=0, metavar="N",
                    help="also answer for <name>-v1..vN.tar.gz from <name>.tar.gz (no duplicate files)")
     p.add_argument("--server", choices=("auto", "local", "docker"), default="auto",
@@ -95,8 +74,8 @@ def register_capacity(subparsers) -> None:
         "API, measure after each, predict how many fit under the threshold, then load to the threshold to check.",
     )
     p.add_argument("artifact", help="artifacts/<model>/<format> made by 'mme package'")
-    p.add_argument("--threshold", type=_fraction, default=0.9, help="share of the memory limit (default: 0.9)")
-    p.add_argument("--memory-limit", type=_bytes, help="memory to fill, e.g. 2G (default: this host's RAM)")
+    p.add_argument("--threshold", type=fraction, default=0.9, help="share of the memory limit (default: 0.9)")
+    p.add_argument("--memory-limit", type=byte_size, help="memory to fill, e.g. 2G (default: this host's RAM)")
     p.add_argument("--probe-copies", type=positive_int, default=3, help="copies measured for the prediction (3)")
     p.add_argument("--no-verify", dest="verify", action="store_false", help="predict only; don't load to the threshold")
     p.add_argument("--cycles", type=int, default=0, metavar="N", help="leak check: load and unload one copy N times")

@@ -7,8 +7,8 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from packager.formats.base import ExportContext, ExportedModel, Runner, package_version
-from packager.formats.onnx_format import exported_onnx, onnx_session, run_onnx
+from packager.formats.base import ExportContext, ExportedModel, Runner
+from packager.formats.onnx_format import exported_onnx, onnx_session, onnx_versions, run_onnx
 
 MODEL_PY = "onnxruntime_model.py"
 
@@ -44,8 +44,4 @@ class CpuLocalFormat:
         return run_onnx(onnx_session(exported.files[self.model_file], ctx.options.cpu_threads), exported)
 
     def versions(self) -> dict[str, str]:
-        return {
-            "torch": package_version("torch") or "unknown",
-            "onnx": package_version("onnx") or "unknown",
-            "onnxruntime": package_version("onnxruntime") or "unknown",
-        }
+        return onnx_versions()

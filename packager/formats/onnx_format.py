@@ -103,8 +103,8 @@ class OnnxFormat:
         return run_onnx(onnx_session(exported.files[self.model_file]), exported)
 
     def versions(self) -> dict[str, str]:
-        return {
-            "torch": package_version("torch") or "unknown",
-            "onnx": package_version("onnx") or "unknown",
-            "onnxruntime": package_version("onnxruntime") or "unknown",
-        }
+        return onnx_versions()
+
+
+def onnx_versions() -> dict[str, str]:
+    return {name: package_version(name) or "unknown" for name in ("torch", "onnx", "onnxruntime")}

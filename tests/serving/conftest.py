@@ -11,8 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mme.cli import main
-
 STARTUP_TIMEOUT_S = 60.0
 
 
@@ -45,11 +43,8 @@ class PackagedModel:
 
 
 @pytest.fixture(scope="session")
-def packaged_test_resnet(tmp_path_factory) -> PackagedModel:
-    out = tmp_path_factory.mktemp("serving-artifacts")
-    code = main(["-q", "package", "test_resnet", "--no-pretrained", "--formats", "cpu-local", "--out", str(out)])
-    assert code == 0
-    directory = out / "test_resnet" / "cpu-local"
+def packaged_test_resnet(test_resnet_cpu_local) -> PackagedModel:
+    directory, _ = test_resnet_cpu_local
     return PackagedModel(directory, json.loads((directory / "manifest.json").read_text()))
 
 

@@ -56,17 +56,9 @@ class PackagedArtifact:
 
 
 @pytest.fixture(scope="session")
-def resnet_artifact(tmp_path_factory: pytest.TempPathFactory) -> PackagedArtifact:
+def resnet_artifact(test_resnet_cpu_local) -> PackagedArtifact:
     """timm's tiny test_resnet packaged by 'mme package' (cpu-local, random weights, no network)."""
-    from mme.cli import main
-
-    out = tmp_path_factory.mktemp("artifacts")
-    start = time.perf_counter()
-    code = main(["-q", "package", "test_resnet", "--no-pretrained", "--formats", "cpu-local", "--out", str(out)])
-    seconds = time.perf_counter() - start
-    if code != 0:
-        pytest.fail(f"mme package test_resnet failed with exit code {code}")
-    directory = out / "test_resnet" / "cpu-local"
+    directory, seconds = test_resnet_cpu_local
     return PackagedArtifact(directory, directory / "test_resnet.tar.gz", seconds)
 
 
