@@ -179,7 +179,7 @@ def _leak_check(control, cache, tarball, loaded, cycles, used, reporter) -> dict
     growth = readings[-1] - start
     returned = growth <= max(16 * 2**20, 0.05 * start)
     reporter.info(f"  leak check: {cycles} load/unload cycles, memory {start / 2**20:.0f} -> {readings[-1] / 2**20:.0f} MiB "
-                  f"({'returns to the baseline' if returned else 'does NOT return'})")
+                  f"({'returns to where it started' if returned else 'does NOT return to where it started'})")
     return {"cycles": cycles, "start_bytes": start, "after_each_bytes": readings, "growth_bytes": growth,
             "returned_to_baseline": returned}
 
