@@ -20,6 +20,8 @@ from mme.errors import MmeError, UsageError
 COMMAND_MODULES = (
     "packager.cli",
     "serving.cli",
+    "bench.cli",
+    "bench.report",
 )
 
 
@@ -59,6 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("mme: interrupted; nothing half-written was left behind", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `mme ... | head`: the reader left; exit quietly like other command-line tools.
+        sys.stderr.close()
+        return 141
 
 
 def entry_point() -> None:

@@ -1,0 +1,251 @@
+"""Charts of bench runs, as PNG bytes (matplotlib's Agg canvas; pyplot's global state is
+never touched, so this is safe in any process and needs no display).
+
+* :func:`run_chart` — the first article's per-run figure: top, p50/p95 latency and
+  throughput against concurrent users; bottom, successful and failed requests per user
+  level. Stages where the load generator was saturated are shaded and flagged.
+* :func:`comparison_chart` — two or more runs side by side on the article's four metrics
+  (copies loaded, lowest latency, max throughput, max users before the first failure),
+  each normalised to the best run = 1.0, higher is better, raw values written on the bars.
+* :func:`endpoint_chart` — model loads and evictions per stage, with LoadedModelCount.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections import Counter
+from typing import TYPE_CHECKING, Callable, Sequence
+
+if TYPE_CHECKING:  # matplotlib is imported when a chart is drawn, not when this module is
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from bench.analysis import RunSummary, StageSummary
+
+SATURATED_COLOUR = "#d62728"
+PARTIAL_COLOUR = "#7f7f7f"
+OK_COLOUR = "#2ca02c"
+FAIL_COLOUR = "#d62728"
+DPI = 110
+
+
+def _figure(width: float, height: float) -> "Figure":
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+
+
+def _png(fig: "Figure") -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def _nan(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
+def _top(values: Sequence[float | None]) -> float:
+    """Upper axis limit with headroom above the largest value (1 when there is none)."""
+    largest = max((v for v in values if v is not None and math.isfinite(v)), default=0.0)
+    return largest * 1.1 if largest > 0 else 1.0
+
+
+def distinct_labels(summaries: Sequence["RunSummary"]) -> list[str]:
+    """Run labels for legends; runs that would share a label get their run id added."""
+    labels = [s.label for s in summaries]
+    seen = Counter(labels)
+    return [f"{label} [{s.run.run_id}]" if seen[label] > 1 else label for label, s in zip(labels, summaries)]
+
+
+def _user_ticks(ax: "Axes", stages: Sequence["StageSummary"]) -> None:
+    step = max(1, math.ceil(len(stages) / 25))
+    ticks = list(range(0, len(stages), step))
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([str(stages[i].users) + ("*" if stages[i].partial else "") for i in ticks])
+    ax.set_xlim(-0.6, len(stages) - 0.4)
+
+
+def _shade(ax: "Axes", stages: Sequence["StageSummary"]) -> None:
+    for i, s in enumerate(stages):
+        if s.saturated:
+            ax.axvspan(i - 0.5, i + 0.5, facecolor=SATURATED_COLOUR, alpha=0.12, hatch="//",
+                       edgecolor=SATURATED_COLOUR, linewidth=0)
+        elif s.partial:
+            ax.axvspan(i - 0.5, i + 0.5, facecolor=PARTIAL_COLOUR, alpha=0.10, linewidth=0)
+
+
+def _marker_handles(stages: Sequence["StageSummary"]) -> list:
+    from matplotlib.patches import Patch
+
+    handles = []
+    if any(s.saturated for s in stages):
+        handles.append(Patch(facecolor=SATURATED_COLOUR, alpha=0.25, hatch="//", edgecolor=SATURATED_COLOUR,
+                             label="generator saturated: unreliable"))
+    if any(s.partial and not s.saturated for s in stages):
+        handles.append(Patch(facecolor=PARTIAL_COLOUR, alpha=0.25, label="partial stage (*)"))
+    return handles
+
+
+def _title(summary: "RunSummary") -> str:
+    run = summary.run
+    what = " ".join(p for p in (run.model, run.format) if p) or "model unknown"
+    where = run.instance_type or "instance type unknown"
+    return f"{what} — endpoint {run.endpoint} on {where} — run {run.run_id}"
+
+
+def _empty(fig: "Figure", text: str) -> bytes:
+    ax = fig.add_subplot()
+    ax.set_axis_off()
+    ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=13)
+    return _png(fig)
+
+
+def run_chart(summary: "RunSummary") -> bytes:
+    stages = [s for s in summary.stages if s.requests]
+    fig = _figure(11, 7.5)
+    fig.suptitle(_title(summary), fontsize=11)
+    if not stages:
+        return _empty(fig, "no requests recorded")
+    x = list(range(len(stages)))
+    grid = fig.add_gridspec(2, 1, height_ratios=(2, 1))
+    top = fig.add_subplot(grid[0])
+    bottom = fig.add_subplot(grid[1], sharex=top)
+
+    _shade(top, stages)
+    lines = top.plot(x, [_nan(s.latency_p50_ms) for s in stages], marker="o", color="tab:blue", label="p50 latency (ms)")
+    lines += top.plot(x, [_nan(s.latency_p95_ms) for s in stages], marker="s", linestyle="--", color="tab:purple",
+                      label="p95 latency (ms)")
+    top.set_ylabel("latency (ms)")
+    top.set_ylim(0, _top([s.latency_p95_ms for s in stages] + [s.latency_p50_ms for s in stages]))
+    top.grid(True, alpha=0.3)
+    right = top.twinx()
+    lines += right.plot(x, [_nan(s.requests_per_s) for s in stages], marker="^", color="tab:orange",
+                        label="throughput (requests/s)")
+    if any(s.failures for s in stages):  # failed requests count in requests/s: show what succeeded too
+        lines += right.plot(x, [_nan(s.successes_per_s) for s in stages], marker="v", linestyle=":",
+                            color="tab:green", label="successful requests/s")
+    right.set_ylabel("throughput (requests/s)")
+    right.set_ylim(0, _top([s.requests_per_s for s in stages]))
+    handles = lines + _marker_handles(stages)
+    top.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncol=len(handles), fontsize=8,
+               frameon=False)
+    top.tick_params(labelbottom=False)
+
+    _shade(bottom, stages)
+    ok = [s.successes for s in stages]
+    failed = [s.failures for s in stages]
+    bottom.bar(x, ok, color=OK_COLOUR, label="successful", width=0.7)
+    bottom.bar(x, failed, bottom=ok, color=FAIL_COLOUR, label="failed", width=0.7)
+    for i, s in enumerate(stages):
+        if s.failures:
+            bottom.annotate(f"{s.failures} failed", (i, s.requests), textcoords="offset points", xytext=(0, 2),
+                            ha="center", fontsize=7, color=FAIL_COLOUR, fontweight="bold")
+    bottom.set_ylim(0, max(s.requests for s in stages) * 1.15)
+    bottom.set_ylabel("requests")
+    bottom.set_xlabel("concurrent users (one point per stage; * = partial stage)")
+    bottom.legend(loc="upper left", fontsize=8)
+    bottom.grid(True, axis="y", alpha=0.3)
+    bottom.set_title("successful and failed requests per user level", fontsize=10)
+    _user_ticks(bottom, stages)
+    return _png(fig)
+
+
+def endpoint_chart(summary: "RunSummary") -> bytes:
+    stages = [s for s in summary.stages if s.model_loads is not None]
+    fig = _figure(11, 3.8)
+    fig.suptitle(f"endpoint model activity — {summary.label} — run {summary.run.run_id}", fontsize=10)
+    if not stages:
+        return _empty(fig, "no endpoint metrics recorded")
+    from matplotlib.ticker import MaxNLocator
+
+    x = list(range(len(stages)))
+    ax = fig.add_subplot()
+    _shade(ax, stages)
+    width = 0.27
+    handles = [
+        ax.bar([i - width for i in x], [s.model_loads or 0 for s in stages], width, color="tab:blue", label="model loads"),
+        ax.bar(x, [s.model_evictions or 0 for s in stages], width, color="tab:red", label="evictions"),
+        ax.bar([i + width for i in x], [s.cache_misses or 0 for s in stages], width, color="tab:gray",
+               label="cache misses"),
+    ]
+    ax.set_ylabel("per stage")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, axis="y", alpha=0.3)
+    right = ax.twinx()
+    handles += right.plot(x, [_nan(s.loaded_model_count) for s in stages], marker="o", color="black",
+                          label="LoadedModelCount (stage end)")
+    right.set_ylabel("models loaded")
+    handles += _marker_handles(stages)
+    ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncol=len(handles), fontsize=8,
+              frameon=False)
+    for axis in (ax, right):
+        axis.yaxis.set_major_locator(MaxNLocator(integer=True))
+    right.set_ylim(0, max([s.loaded_model_count or 0 for s in stages] + [1]) * 1.1)
+    ax.set_xlabel("concurrent users")
+    _user_ticks(ax, stages)
+    return _png(fig)
+
+
+# -- comparison ---------------------------------------------------------------------------
+
+_Getter = Callable[["RunSummary"], "float | None"]
+
+
+def _max_users_text(summary: "RunSummary") -> str:
+    value = summary.overall.max_users_without_failure
+    if value is None:
+        return "none"
+    return f"≥{value}" if not summary.overall.failed else str(value)
+
+
+COMPARISON_METRICS: tuple[tuple[str, _Getter, bool, Callable[["RunSummary"], str]], ...] = (
+    ("copies loaded", lambda s: s.overall.models_loaded, True,
+     lambda s: "n/a" if s.overall.models_loaded is None else str(s.overall.models_loaded)),
+    ("lowest latency\n(stage p50, ms; lower is better)", lambda s: s.overall.lowest_p50_ms, False,
+     lambda s: "n/a" if s.overall.lowest_p50_ms is None else f"{s.overall.lowest_p50_ms:.1f} ms"),
+    ("max error-free throughput\n(requests/s)", lambda s: s.overall.max_error_free_rps, True,
+     lambda s: "n/a" if s.overall.max_error_free_rps is None else f"{s.overall.max_error_free_rps:.1f}/s"),
+    ("max users before\nfirst failure", lambda s: s.overall.max_users_without_failure, True, _max_users_text),
+)
+
+
+def normalised(values: Sequence[float | None], higher_is_better: bool) -> list[float | None]:
+    """Each value relative to the best one (best = 1.0; lower-is-better metrics inverted,
+    best / value, so a taller bar is always better). None and non-positive values give None
+    (nothing to compare), except 0 for a higher-is-better metric, which is 0."""
+    if higher_is_better:
+        best = max((v for v in values if v is not None), default=None)
+        if not best or best <= 0:
+            return [0.0 if v == 0 else None for v in values]
+        return [None if v is None else v / best for v in values]
+    positive = [v for v in values if v is not None and v > 0]
+    if not positive:
+        return [None] * len(values)
+    best = min(positive)
+    return [best / v if v is not None and v > 0 else None for v in values]
+
+
+def comparison_chart(summaries: Sequence["RunSummary"]) -> bytes:
+    labels = distinct_labels(summaries)
+    fig = _figure(max(10, 2.6 * len(COMPARISON_METRICS) + 0.4 * len(summaries)), 5.8)
+    fig.suptitle("run comparison — each metric relative to the best run (1.0 = best, higher is better)", fontsize=11)
+    ax = fig.add_subplot()
+    colours = [f"C{i % 10}" for i in range(len(summaries))]
+    width = 0.8 / len(summaries)
+    for j, (_, getter, higher, text) in enumerate(COMPARISON_METRICS):
+        scores = normalised([getter(s) for s in summaries], higher)
+        for i, (summary, score) in enumerate(zip(summaries, scores)):
+            xpos = j - 0.4 + width * (i + 0.5)
+            ax.bar(xpos, score or 0.0, width * 0.92, color=colours[i], label=labels[i] if j == 0 else None)
+            ax.annotate(text(summary), (xpos, score or 0.0), textcoords="offset points", xytext=(0, 3),
+                        ha="center", va="bottom", fontsize=8, rotation=90 if len(summaries) > 4 else 0)
+    ax.set_xticks(range(len(COMPARISON_METRICS)))
+    ax.set_xticklabels([name for name, *_ in COMPARISON_METRICS], fontsize=9)
+    ax.set_ylim(0, 1.3)
+    ax.set_ylabel("relative to best run")
+    ax.axhline(1.0, color="black", linewidth=0.6, alpha=0.5)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=min(3, len(summaries)), fontsize=8)
+    return _png(fig)

@@ -1,0 +1,297 @@
+"""The bench report as a self-contained HTML page (charts embedded as base64 data URIs)
+and as Markdown (charts linked as files next to it)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from bench.analysis import LATENCY_OF, PERCENTILE_METHOD, RunSummary, StageSummary
+from bench.charts import distinct_labels
+from bench.sizing import Sizing
+
+NONE = "–"
+SATURATED_FLAG = "⚠ generator saturated: unreliable"
+
+
+@dataclass(frozen=True)
+class Chart:
+    path: Path
+    png: bytes
+    caption: str
+
+
+@dataclass(frozen=True)
+class RunReport:
+    summary: RunSummary
+    charts: tuple[Chart, ...]
+    sizing: Sizing | None
+
+
+@dataclass(frozen=True)
+class Report:
+    runs: tuple[RunReport, ...]
+    comparison: Chart | None
+    generated_at: str
+    target_tps: float | None
+    p95_slo_ms: float | None
+
+
+def fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return NONE
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def max_users_text(summary: RunSummary) -> str:
+    value = summary.overall.max_users_without_failure
+    if value is None:
+        return "none (failures from the first stage)" if summary.overall.failed else NONE
+    return f"{value} (no failure in the run)" if not summary.overall.failed else str(value)
+
+
+def _stage_flags(s: StageSummary) -> str:
+    flags = []
+    if s.saturated:
+        flags.append(SATURATED_FLAG)
+    if s.partial:
+        flags.append("partial")
+    if s.derived:
+        flags.append("not in stages.csv")
+    return "; ".join(flags)
+
+
+_STAGE_COLUMNS: tuple[tuple[str, Callable[[StageSummary], str]], ...] = (
+    ("stage", lambda s: fmt(s.stage)),
+    ("users", lambda s: fmt(s.users)),
+    ("duration s", lambda s: fmt(s.duration_s)),
+    ("requests", lambda s: fmt(s.requests)),
+    ("ok", lambda s: fmt(s.successes)),
+    ("failed", lambda s: fmt(s.failures)),
+    ("req/s", lambda s: fmt(s.requests_per_s, 2)),
+    ("avg ms", lambda s: fmt(s.latency_avg_ms)),
+    ("min ms", lambda s: fmt(s.latency_min_ms)),
+    ("p50 ms", lambda s: fmt(s.latency_p50_ms)),
+    ("p90 ms", lambda s: fmt(s.latency_p90_ms)),
+    ("p95 ms", lambda s: fmt(s.latency_p95_ms)),
+    ("p99 ms", lambda s: fmt(s.latency_p99_ms)),
+    ("max ms", lambda s: fmt(s.latency_max_ms)),
+    ("gen CPU max %", lambda s: fmt(s.generator_cpu_max, 0)),
+    ("gen CPU mean %", lambda s: fmt(s.generator_cpu_mean, 0)),
+    ("flags", _stage_flags),
+    ("errors", lambda s: s.errors),
+)
+
+_ENDPOINT_COLUMNS: tuple[tuple[str, Callable[[StageSummary], str]], ...] = (
+    ("model loads", lambda s: fmt(s.model_loads)),
+    ("evictions", lambda s: fmt(s.model_evictions)),
+    ("cache hits", lambda s: fmt(s.cache_hits)),
+    ("cache misses", lambda s: fmt(s.cache_misses)),
+    ("loaded models", lambda s: fmt(s.loaded_model_count)),
+    ("memory %", lambda s: fmt(s.memory_utilization)),
+    ("endpoint ModelLatency avg ms", lambda s: fmt(s.model_latency_avg_ms)),
+)
+
+
+def stage_columns(summary: RunSummary) -> tuple[tuple[str, Callable[[StageSummary], str]], ...]:
+    if not summary.has_endpoint_metrics:
+        return _STAGE_COLUMNS
+    return _STAGE_COLUMNS[:-2] + _ENDPOINT_COLUMNS + _STAGE_COLUMNS[-2:]
+
+
+def overall_rows(summary: RunSummary) -> list[tuple[str, str]]:
+    o, run = summary.overall, summary.run
+    first = NONE if o.first_failure_users is None else (
+        f"{o.first_failure_users} users at t={o.first_failure_t:.1f} s ({o.first_failure_error})")
+    return [
+        ("requests (ok / failed)", f"{o.requests} ({o.successes} / {o.failures})"),
+        ("max users before the first failure", max_users_text(summary)),
+        ("users at the first failed request", first),
+        ("max error-free throughput", NONE if o.max_error_free_rps is None else
+         f"{o.max_error_free_rps:.2f} requests/s at {o.max_error_free_rps_users} users"),
+        ("lowest latency (stage p50)", NONE if o.lowest_p50_ms is None else
+         f"{o.lowest_p50_ms:.1f} ms at {o.lowest_p50_users} users"),
+        ("lowest latency (any request)", NONE if o.min_latency_ms is None else f"{o.min_latency_ms:.1f} ms"),
+        ("models loaded", NONE if o.models_loaded is None else f"{o.models_loaded} (from {o.models_loaded_source})"),
+        ("saturated stages", ", ".join(map(str, o.saturated_stages)) or "none"),
+        ("stopped", o.stopped_reason or "unknown (run.json not finalised)"),
+        ("duration", f"{o.duration_s:.1f} s"),
+        ("endpoint", f"{run.endpoint} ({run.endpoint_url or 'AWS, ' + run.region})"),
+        ("instance type", run.instance_type or NONE),
+        ("model / format", f"{run.model or NONE} / {run.format or NONE}"),
+        ("load", f"{run.shape} shape, {run.copies} copies ({run.target_distribution}), {run.mode}-model, "
+                 f"{run.client} client, {run.workers} worker(s), {run.payload_bytes} B {run.content_type}"),
+        ("started / ended", f"{run.started_at} / {run.ended_at or NONE}"),
+    ]
+
+
+def comparison_rows(summaries: Sequence[RunSummary]) -> tuple[list[str], list[list[str]]]:
+    header = ["run", "instance", "format", "copies loaded", "lowest p50 ms", "min latency ms",
+              "max error-free req/s", "max users before first failure", "users at first failure", "stopped"]
+    rows = [
+        [label, s.run.instance_type or NONE, s.run.format or NONE, fmt(s.overall.models_loaded),
+         fmt(s.overall.lowest_p50_ms), fmt(s.overall.min_latency_ms), fmt(s.overall.max_error_free_rps, 2),
+         max_users_text(s), fmt(s.overall.first_failure_users), s.overall.stopped_reason or NONE]
+        for label, s in zip(distinct_labels(summaries), summaries)
+    ]
+    return header, rows
+
+
+def sizing_rows(report: Report) -> tuple[list[str], list[list[str]]]:
+    header = ["run", "capacity req/s", "at users", "p95 ms", "instances at 60%", "instances at 70%",
+              "at 100% (no headroom)", "verdict"]
+    labels = distinct_labels([r.summary for r in report.runs])
+    rows = []
+    for label, r in zip(labels, report.runs):
+        z = r.sizing
+        if z is None:
+            continue
+        verdict = " ".join((z.message, *z.notes))
+        rows.append([label, fmt(z.capacity_rps), fmt(z.capacity_users), fmt(z.capacity_p95_ms),
+                     fmt(z.instances_at_60), fmt(z.instances_at_70), fmt(z.instances_at_100), verdict])
+    return header, rows
+
+
+# -- HTML ---------------------------------------------------------------------------------
+
+_CSS = """
+body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; margin: 2em; color: #222; max-width: 1500px; }
+h1 { font-size: 1.6em; } h2 { margin-top: 2em; border-bottom: 1px solid #ccc; } h3 { margin-top: 1.5em; }
+table { border-collapse: collapse; margin: 0.8em 0; font-size: 0.88em; }
+th, td { border: 1px solid #ccc; padding: 3px 7px; text-align: right; vertical-align: top; }
+th { background: #f0f0f0; } td.text, th.text { text-align: left; }
+tr.saturated td { background: #fde2e2; } tr.partial td { color: #666; font-style: italic; }
+.warning { background: #fff4d6; border-left: 4px solid #e0a800; padding: 0.4em 0.8em; margin: 0.3em 0; }
+.note { color: #555; font-size: 0.9em; } img { max-width: 100%; border: 1px solid #ddd; margin: 0.5em 0; }
+"""
+
+
+def _e(text: Any) -> str:
+    return html.escape(str(text))
+
+
+def _html_table(header: Sequence[str], rows: Sequence[Sequence[str]], row_classes: Sequence[str] = (),
+                text_columns: Sequence[int] = (0,), table_class: str = "") -> str:
+    def cell(tag: str, i: int, value: str) -> str:
+        cls = ' class="text"' if i in text_columns else ""
+        return f"<{tag}{cls}>{_e(value)}</{tag}>"
+
+    out = [f'<table class="{table_class}">' if table_class else "<table>",
+           "<tr>" + "".join(cell("th", i, h) for i, h in enumerate(header)) + "</tr>"]
+    for n, row in enumerate(rows):
+        cls = row_classes[n] if n < len(row_classes) and row_classes[n] else ""
+        out.append((f'<tr class="{cls}">' if cls else "<tr>") + "".join(cell("td", i, v) for i, v in enumerate(row)) + "</tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def _img(chart: Chart) -> str:
+    data = base64.b64encode(chart.png).decode("ascii")
+    caption = _e(chart.caption)
+    return (f'<figure><img alt="{caption}" src="data:image/png;base64,{data}">'
+            f'<figcaption class="note">{caption}</figcaption></figure>')
+
+
+def _row_class(s: StageSummary) -> str:
+    return " ".join(c for c, on in (("saturated", s.saturated), ("partial", s.partial)) if on)
+
+
+def _html_run(r: RunReport, label: str) -> str:
+    s = r.summary
+    columns = stage_columns(s)
+    parts = [f"<h2>{_e(label)} <span class='note'>run {_e(s.run.run_id)}</span></h2>",
+             f"<p class='note'>{_e(s.run_dir)}</p>"]
+    parts += [f"<div class='warning'>{_e(w)}</div>" for w in s.warnings]
+    parts.append("<h3>Overall</h3>")
+    parts.append(_html_table(["metric", "value"], overall_rows(s), text_columns=(0, 1)))
+    parts += [_img(c) for c in r.charts]
+    parts.append("<h3>Stages (user levels)</h3>")
+    if any(st.saturated for st in s.stages):
+        parts.append(f"<p class='warning'>Rows marked &ldquo;{_e(SATURATED_FLAG)}&rdquo; had the load generator above "
+                     "its CPU threshold: their latency includes the generator's own queueing and their throughput "
+                     "is the generator's limit. Do not read endpoint capacity from them.</p>")
+    text_cols = (len(columns) - 2, len(columns) - 1)
+    parts.append(_html_table([name for name, _ in columns], [[get(st) for _, get in columns] for st in s.stages],
+                             [_row_class(st) for st in s.stages], text_columns=text_cols, table_class="stages"))
+    return "\n".join(parts)
+
+
+def to_html(report: Report) -> str:
+    summaries = [r.summary for r in report.runs]
+    labels = distinct_labels(summaries)
+    body = [f"<h1>Bench report: {len(report.runs)} run{'s' if len(report.runs) != 1 else ''}</h1>",
+            f"<p class='note'>Generated {_e(report.generated_at)} by <code>mme report</code> from saved results. "
+            f"Latency statistics are over {_e(LATENCY_OF)}; percentiles are exact, {_e(PERCENTILE_METHOD)}. "
+            "Requests/s counts every request of a stage over the stage's duration.</p>"]
+    if len(summaries) > 1:
+        header, rows = comparison_rows(summaries)
+        body.append("<h2>Comparison</h2>")
+        body.append(_html_table(header, rows, text_columns=(0, 1, 2, 7, 9)))
+        if report.comparison is not None:
+            body.append(_img(report.comparison))
+    if report.target_tps is not None:
+        header, rows = sizing_rows(report)
+        body.append(f"<h2>Sizing: {report.target_tps:g} TPS with p95 &le; {report.p95_slo_ms:g} ms</h2>")
+        body.append("<p class='note'>Capacity: the highest requests/s of a stage without failures whose p95 meets "
+                    "the SLO, on the one instance measured. Instances = ceil(target / (utilisation &times; capacity)); "
+                    "aim for 60&ndash;70% utilisation per instance.</p>")
+        body.append(_html_table(header, rows, text_columns=(0, 7)))
+    body += [_html_run(r, label) for r, label in zip(report.runs, labels)]
+    return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>mme bench report</title>"
+            f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
+# -- Markdown -----------------------------------------------------------------------------
+
+
+def _md_cell(value: str) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(_md_cell(h) for h in header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _md_link(chart: Chart, base: Path) -> str:
+    rel = Path(os.path.relpath(chart.path, base)).as_posix()
+    return f"![{chart.caption}]({rel})"
+
+
+def to_markdown(report: Report, base: Path) -> str:
+    """``base``: the directory report.md is written to (chart links are relative to it)."""
+    summaries = [r.summary for r in report.runs]
+    labels = distinct_labels(summaries)
+    out = [f"# Bench report: {len(report.runs)} run{'s' if len(report.runs) != 1 else ''}", "",
+           f"Generated {report.generated_at} by `mme report`. Latency statistics are over {LATENCY_OF}; "
+           f"percentiles are exact, {PERCENTILE_METHOD}.", ""]
+    if len(summaries) > 1:
+        header, rows = comparison_rows(summaries)
+        out += ["## Comparison", "", _md_table(header, rows), ""]
+        if report.comparison is not None:
+            out += [_md_link(report.comparison, base), ""]
+    if report.target_tps is not None:
+        header, rows = sizing_rows(report)
+        out += [f"## Sizing: {report.target_tps:g} TPS with p95 <= {report.p95_slo_ms:g} ms", "",
+                _md_table(header, rows), ""]
+    for r, label in zip(report.runs, labels):
+        s = r.summary
+        out += [f"## {label} (run {s.run.run_id})", "", f"`{s.run_dir}`", ""]
+        out += [f"> **warning:** {w}" for w in s.warnings]
+        if s.warnings:
+            out.append("")
+        out += [_md_table(["metric", "value"], overall_rows(s)), ""]
+        out += [_md_link(c, base) for c in r.charts]
+        columns = stage_columns(s)
+        out += ["", "### Stages", "",
+                _md_table([name for name, _ in columns], [[get(st) for _, get in columns] for st in s.stages]), ""]
+    return "\n".join(out) + "\n"

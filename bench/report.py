@@ -1,0 +1,165 @@
+"""``mme report``: rebuild summaries, charts and an HTML/Markdown report from saved bench
+runs, without re-running anything."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+from mme.argtypes import positive_float
+from mme.errors import OutputDirError, UsageError
+from mme.progress import Reporter
+
+if TYPE_CHECKING:
+    from bench import render
+
+RUN_CHART = "latency_throughput.png"
+ENDPOINT_CHART = "endpoint_models.png"
+COMPARISON_CHART = "comparison.png"
+REPORT_HTML = "report.html"
+REPORT_MD = "report.md"
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "report",
+        help="summaries, charts and an HTML/Markdown report from saved 'mme bench' runs",
+        description="Rebuild everything from saved results: summary.csv/summary.json and a latency/throughput "
+        "chart in each run directory, a comparison chart for two or more runs (e.g. PyTorch vs TensorRT), "
+        "a self-contained report.html and report.md, and with --target-tps/--p95-slo-ms the instance count "
+        "that serves a target TPS at 60-70% utilisation of one instance's measured capacity.",
+    )
+    p.add_argument("results", nargs="+", metavar="RESULTS",
+                   help="run directories written by 'mme bench' (a directory of run directories also works)")
+    p.add_argument("--out", help="where report.html/report.md go (default: the run directory for one run, "
+                   "results/report-<timestamp> for several)")
+    p.add_argument("--target-tps", type=positive_float, metavar="T", help="size the fleet for T requests/s")
+    p.add_argument("--p95-slo-ms", type=positive_float, metavar="X", help="p95 latency requirement for sizing (ms)")
+    p.set_defaults(func=run)
+
+
+@dataclass(frozen=True)
+class ReportPaths:
+    html: Path
+    markdown: Path
+    comparison: Path | None
+    run_charts: tuple[Path, ...]
+    summaries: tuple[Path, ...]
+    report: "render.Report"
+
+
+def run_dirs(paths: Sequence[str | Path]) -> list[Path]:
+    """The run directories named, in order, without duplicates; a directory that is not a
+    run itself but holds runs stands for those runs (sorted by name)."""
+    from bench.results import RUN_FILE
+
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir() and not (path / RUN_FILE).exists():
+            children = sorted(c for c in path.iterdir() if c.is_dir() and (c / RUN_FILE).is_file())
+            found.extend(children or [path])  # no runs inside: analyse() says what is wrong with it
+        else:
+            found.append(path)
+    unique: list[Path] = []
+    seen: set[Path] = set()
+    for path in found:
+        key = path.resolve()
+        if key not in seen:
+            seen.add(key)
+            unique.append(path)
+    return unique
+
+
+def default_out(runs: Sequence[Path]) -> Path:
+    if len(runs) == 1:
+        return runs[0]
+    return Path("results") / f"report-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def build_report(results: Sequence[str | Path], out: Path | None = None, target_tps: float | None = None,
+                 p95_slo_ms: float | None = None, reporter: Reporter | None = None) -> ReportPaths:
+    from bench import analysis, charts, render, sizing
+    from mme.fsutil import ensure_writable_dir, write_bytes_atomic
+
+    reporter = reporter or Reporter(quiet=True)
+    if (target_tps is None) != (p95_slo_ms is None):
+        raise UsageError("--target-tps and --p95-slo-ms go together: give both to size the fleet, or neither")
+    dirs = run_dirs(results)
+    summaries = [analysis.analyse(d) for d in dirs]  # all input checked before anything is written
+    for d in dirs:
+        try:
+            ensure_writable_dir(d)
+        except OutputDirError:
+            raise OutputDirError(f"cannot write summary.csv/summary.json and charts into run directory {d}; "
+                                 "copy the run somewhere writable and report from there") from None
+    out_dir = ensure_writable_dir(out if out is not None else default_out(dirs))
+    reporter.info(f"==> report of {len(dirs)} run(s) into {out_dir}")
+
+    runs, run_charts, summary_files = [], [], []
+    for s in summaries:
+        reporter.info(f"  {s.run_dir}: {len(s.stages)} stage(s), {s.overall.requests} request(s)")
+        summary_files.extend(analysis.write_summary(s))
+        run_charts_of = [render.Chart(s.run_dir / RUN_CHART, charts.run_chart(s),
+                                      f"{s.label}: latency and throughput (top), successful and failed requests "
+                                      "(bottom) per concurrent-user level")]
+        if s.has_endpoint_metrics:
+            run_charts_of.append(render.Chart(s.run_dir / ENDPOINT_CHART, charts.endpoint_chart(s),
+                                              f"{s.label}: model loads, evictions and cache misses per stage"))
+        for chart in run_charts_of:
+            write_bytes_atomic(chart.path, chart.png)
+            run_charts.append(chart.path)
+        sized = sizing.size(s, target_tps, p95_slo_ms) if target_tps is not None else None
+        runs.append(render.RunReport(s, tuple(run_charts_of), sized))
+
+    comparison = None
+    if len(summaries) > 1:
+        comparison = render.Chart(out_dir / COMPARISON_CHART, charts.comparison_chart(summaries),
+                                  "copies loaded, lowest latency, max error-free throughput and max users before "
+                                  "the first failure, each relative to the best run")
+        write_bytes_atomic(comparison.path, comparison.png)
+
+    report = render.Report(tuple(runs), comparison, time.strftime("%Y-%m-%d %H:%M:%S %Z"), target_tps, p95_slo_ms)
+    html_path, md_path = out_dir / REPORT_HTML, out_dir / REPORT_MD
+    write_bytes_atomic(html_path, render.to_html(report).encode())
+    write_bytes_atomic(md_path, render.to_markdown(report, out_dir).encode())
+    return ReportPaths(html_path, md_path, comparison.path if comparison else None, tuple(run_charts),
+                       tuple(summary_files), report)
+
+
+def _num(value: float | int | None, digits: int = 1) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def print_results(paths: ReportPaths) -> None:
+    """The results on stdout: one line per run, the sizing verdicts, then where the files are."""
+    for r in paths.report.runs:
+        o = r.summary.overall
+        name = r.summary.run.run_id
+        if name not in r.summary.label:
+            name = f"{name} ({r.summary.label})"
+        print(f"{name}: max error-free {_num(o.max_error_free_rps)} req/s, "
+              f"lowest p50 {_num(o.lowest_p50_ms)} ms, max users before first failure "
+              f"{_num(o.max_users_without_failure)}{'' if o.failed else ' (never failed)'}, "
+              f"copies loaded {_num(o.models_loaded)}")
+        if r.sizing is not None:
+            print(f"  sizing: {r.sizing.message}")
+            for note in r.sizing.notes:
+                print(f"  note: {note}")
+    if paths.comparison:
+        print(f"comparison chart: {paths.comparison}")
+    print(f"markdown: {paths.markdown}")
+    print(f"HTML report: {paths.html}")
+
+
+def run(args: argparse.Namespace) -> int:
+    reporter = Reporter(quiet=args.quiet)
+    paths = build_report(args.results, Path(args.out) if args.out else None, args.target_tps, args.p95_slo_ms,
+                         reporter)
+    print_results(paths)
+    return 0
