@@ -13,7 +13,7 @@ ARGS ?=
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install package demo test test-gpu bench-package bench-front bench-cold-start clean lock
+.PHONY: help install package demo test test-gpu bench-package bench-client-cost bench-front bench-cold-start clean lock
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -29,9 +29,8 @@ install: $(STAMP) ## create .venv with the pinned dependencies (on demand for ev
 package: $(STAMP) ## export, validate and lay out MODEL (make package MODEL=resnet50 FORMATS=onnx ARGS=--no-pretrained)
 	$(MME) package $(MODEL) --formats $(FORMATS) --out $(OUT) $(ARGS)
 
-demo: $(STAMP) ## the main job on local defaults (no GPU, no cloud account)
-	$(MME) package $(MODEL) --formats $(FORMATS) --out $(OUT) $(ARGS)
-	@echo "==> demo done: artifacts in $(OUT)/$(MODEL)/ (manifest.json in each format directory)"
+demo: $(STAMP) ## the main job on local defaults: package, capacity, local MME, staged load, report
+	$(MME) demo --model $(MODEL) --out $(OUT) $(ARGS)
 
 test: $(STAMP) ## run the test suite (GPU tests are skipped without a GPU)
 	$(BIN)/pytest $(PYTEST_ARGS)
@@ -41,6 +40,9 @@ test-gpu: $(STAMP) ## run only the GPU-marked tests (on a GPU host with `pip ins
 
 bench-package: $(STAMP) ## time each packaging stage and the peak memory for MODEL
 	$(BIN)/python tests/benchmarks/bench_package.py $(MODEL) --formats $(FORMATS)
+
+bench-client-cost: $(STAMP) ## client CPU per request: boto3 invoke_endpoint vs the fast signed client
+	$(BIN)/python tests/benchmarks/bench_client_cost.py
 
 bench-front: $(STAMP) ## the local front's added cost over calling Triton directly
 	$(BIN)/python tests/benchmarks/bench_front.py
@@ -58,3 +60,53 @@ lock: ## regenerate constraints.txt from a fresh resolve of pyproject.toml
 
 clean: ## remove generated artifacts (keeps .venv)
 	rm -rf $(OUT) .pytest_cache
+
+# --- Docker (GPU hosts) ---
+# Images built from the version matrix (mme/versions.toml; `python -m mme.versions --list`):
+# the builder (mme package, TensorRT included), the serving image (Triton + mme serve) and
+# the slim bench image (Locust via mme bench). Every target prints the command it runs.
+DOCKER ?= docker
+MATRIX_PY = $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+TRITON_RELEASE ?= $(shell $(MATRIX_PY) -m mme.versions --get name)
+IMAGE_TAG ?= $(TRITON_RELEASE)
+BUILDER_IMAGE ?= mme-builder:$(IMAGE_TAG)
+SERVING_IMAGE ?= mme-serving:$(IMAGE_TAG)
+BENCH_IMAGE ?= mme-bench:$(IMAGE_TAG)
+DOCKER_FORMATS ?= torchscript,onnx,cpu-local,tensorrt,torch-tensorrt
+HF_CACHE ?= $(HOME)/.cache/huggingface
+SERVE_FORMAT ?= tensorrt
+SERVE_MODELS ?= $(OUT)/$(MODEL)/$(SERVE_FORMAT)
+SERVE_BIND ?= 127.0.0.1
+SERVE_PORT ?= 8080
+SERVE_ARGS ?=
+BENCH_CMD ?= bench
+BENCH_ARGS ?= --help
+docker_build_args = $(shell $(MATRIX_PY) -m mme.versions --build-args --image $(1) --release $(TRITON_RELEASE))
+
+.PHONY: docker-build docker-build-builder docker-build-serving docker-build-bench docker-package docker-serve docker-bench gpu-check
+
+docker-build: docker-build-builder docker-build-serving docker-build-bench ## build the builder, serving and bench images (TRITON_RELEASE: mme/versions.toml default)
+
+docker-build-builder:
+	$(DOCKER) build -f docker/builder/Dockerfile -t $(BUILDER_IMAGE) $(call docker_build_args,builder) .
+
+docker-build-serving:
+	$(DOCKER) build -f docker/serving/Dockerfile -t $(SERVING_IMAGE) $(call docker_build_args,serving) .
+
+docker-build-bench:
+	$(DOCKER) build -f docker/bench/Dockerfile -t $(BENCH_IMAGE) $(call docker_build_args,bench) .
+
+docker-package: ## mme package MODEL in every format inside the builder image on the GPU (artifacts in OUT)
+	@mkdir -p $(OUT) $(HF_CACHE)
+	$(DOCKER) run --rm --gpus all --shm-size 2g --user $$(id -u):$$(id -g) -e HOME=/tmp -e HF_HOME=/hf-cache -v $(HF_CACHE):/hf-cache -v $(abspath $(OUT)):/artifacts $(BUILDER_IMAGE) package $(MODEL) --formats $(DOCKER_FORMATS) --triton-release $(TRITON_RELEASE) --out /artifacts $(ARGS)
+
+docker-serve: ## mme serve SERVE_MODELS (default OUT/MODEL/tensorrt) on Triton's native backends in the serving image
+	if [ -d $(SERVE_MODELS) ]; then $(MATRIX_PY) -m packager.compat --release $(TRITON_RELEASE) $(SERVE_MODELS); fi
+	$(DOCKER) run --rm --gpus all --shm-size 2g -p $(SERVE_BIND):$(SERVE_PORT):8080 -v $(abspath $(SERVE_MODELS)):/models:ro $(SERVING_IMAGE) serve --models /models --host 0.0.0.0 --port 8080 --server system $(SERVE_ARGS)
+
+docker-bench: ## mme BENCH_CMD BENCH_ARGS in the slim bench image (host network; OUT read-only at artifacts/, results in results/)
+	@mkdir -p results $(OUT)
+	$(DOCKER) run --rm --network host --user $$(id -u):$$(id -g) -v $(abspath $(OUT)):/work/artifacts:ro -v $(abspath results):/work/results $(BENCH_IMAGE) $(BENCH_CMD) $(BENCH_ARGS)
+
+gpu-check: ## the prepared GPU check: gpu tests, TorchScript vs TensorRT resnet50 (latency, memory, copies)
+	bash tests/gpu/gpu_check.sh

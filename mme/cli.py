@@ -22,6 +22,8 @@ COMMAND_MODULES = (
     "serving.cli",
     "bench.cli",
     "bench.report",
+    "bench.demo",
+    "serving.aws.cli",
 )
 
 

@@ -8,6 +8,7 @@ import threading
 
 from mme.argtypes import byte_size, fraction, positive_int
 from mme.progress import Reporter
+from serving.triton.factory import KINDS
 
 
 def register(subparsers) -> None:
@@ -30,8 +31,9 @@ def register_serve(subparsers) -> None:
     p.add_argument("--memory-limit", type=byte_size, help="memory the models may use, e.g. 4G (default: GPU memory, or host RAM)")
     p.add_argument("--copies", type=int, default=0, metavar="N",
                    help="also answer for <name>-v1..vN.tar.gz from <name>.tar.gz (no duplicate files)")
-    p.add_argument("--server", choices=("auto", "local", "docker"), default="auto",
-                   help="Triton under Docker with a GPU, or the local CPU binary (default: auto)")
+    p.add_argument("--server", choices=KINDS, default="auto",
+                   help="Triton under Docker with a GPU, the tritonserver of this image (system), "
+                   "or the CPU binary of the nvidia-pytriton wheel (local); default: auto")
     p.add_argument("--cache-dir", help="where tarballs are extracted (default: a temporary directory)")
     p.add_argument("--s3-endpoint-url", help="S3-compatible endpoint for s3:// sources")
     p.set_defaults(func=run)

@@ -11,6 +11,7 @@ dies is restarted and its models reload on demand.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections import OrderedDict
@@ -29,6 +30,7 @@ from serving.store import InvalidTargetName, validate_target_name
 from serving.triton.base import TritonServer
 
 MAX_PAYLOAD_BYTES = 6_291_456  # InvokeEndpoint's real-time limit
+MAX_ATTEMPTS = 4  # loads (or a container restart) one request may wait for
 
 
 @dataclass(frozen=True)
@@ -127,38 +129,45 @@ class MultiModelEndpoint:
             return sm.validation_error(
                 f"Received payload size {len(body)} bytes exceeds the limit of {self.config.max_payload_bytes} bytes."
             )
-        for attempt in range(2):
+        restarted = False
+        total_wait = 0.0
+        hit = True
+        for _ in range(MAX_ATTEMPTS):
             try:
-                hit, wait_s = await self._ensure_loaded(target)
+                attempt_hit, wait_s = await self._ensure_loaded(target)
             except LoadFailed as exc:
                 self._finish(target, "model_error", 0.0, start, 0.0, False)
                 return self._model_error(exc.status, exc.message)
             except Exception as exc:  # store and extraction errors carry their SageMaker code
                 self._finish(target, "error", 0.0, start, 0.0, False)
                 return sm.reply_for_exception(exc)
+            hit = hit and attempt_hit
+            total_wait += wait_s
             entry = self._loaded.get(target)
-            if entry is not None:
-                entry.inflight += 1
-                entry.invocations += 1
+            if entry is None:
+                continue  # evicted between its load and this request: load it again
+            entry.inflight += 1  # an entry with requests in flight is never evicted
+            entry.invocations += 1
             model_start = time.perf_counter()
             try:
                 status, headers, data = await self._forward(target, body, content_type, accept)
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                if attempt == 0 and not self.server.is_running():
+                if not restarted and not self.server.is_running():
+                    restarted = True
                     await self._recover()
                     continue
-                self._finish(target, "error", 0.0, start, 0.0, hit)
+                self._finish(target, "error", 0.0, start, total_wait, hit)
                 return sm.service_unavailable(f"The serving container did not answer: {exc}")
             finally:
-                if entry is not None:
-                    entry.inflight -= 1
+                entry.inflight -= 1
             model_s = time.perf_counter() - model_start
             if status == 200:
-                self._finish(target, "ok", model_s, start, wait_s, hit)
+                self._finish(target, "ok", model_s, start, total_wait, hit)
                 return sm.invocation_reply(data, headers.get("Content-Type", "application/json"))
-            self._finish(target, "model_error", model_s, start, wait_s, hit)
+            self._finish(target, "model_error", model_s, start, total_wait, hit)
             return self._model_error(status, _message(data))
-        return sm.service_unavailable("The serving container restarted; retry the request.")
+        self._finish(target, "error", 0.0, start, total_wait, False)
+        return sm.model_not_ready(f"Model {target} was unloaded to make room before it could serve; retry the request.")
 
     def _finish(self, target: str, outcome: str, model_s: float, start: float, wait_s: float, hit: bool) -> None:
         total = time.perf_counter() - start
@@ -211,7 +220,7 @@ class MultiModelEndpoint:
                 try:
                     await asyncio.to_thread(self.control.load, target, str(cached.model_dir))
                 except ModelAlreadyLoaded:
-                    pass
+                    pass  # the container kept it (e.g. across a front restart): serve it as loaded
                 except ContainerOutOfMemory as exc:
                     if not await self._evict_one():
                         raise LoadFailed(507, f"out of memory loading {target} with nothing left to unload: {exc}") from None
@@ -243,17 +252,18 @@ class MultiModelEndpoint:
                 return
 
     async def _evict_one(self) -> bool:
-        """Unload the least recently used model with no request in flight (else the LRU one)."""
-        if not self._loaded:
+        """Unload the least recently used model with no request in flight; False when every
+        loaded model is serving (then the load goes ahead and the container has the last word)."""
+        victim = next((t for t, e in self._loaded.items() if e.inflight == 0), None)
+        if victim is None:
             return False
-        victim = next((t for t, e in self._loaded.items() if e.inflight == 0), next(iter(self._loaded)))
+        # Out of the table first: a request for it from now on loads it again (and waits for
+        # the control lock this eviction holds) instead of reaching a model being unloaded.
+        del self._loaded[victim]
         started = time.perf_counter()
-        try:
+        with contextlib.suppress(ModelNotLoaded):  # already gone is as good as unloaded
             await asyncio.to_thread(self.control.unload, victim)
-        except ModelNotLoaded:
-            pass
         unload_s = time.perf_counter() - started
-        self._loaded.pop(victim, None)
         self.metrics.model_unloaded(unload_s, evicted=True)
         used = self._record_memory()
         self.reporter.info(f"  evicted {victim} (least recently used) in {unload_s:.2f} s; {used / 2**20:.0f} MiB used")
@@ -264,11 +274,9 @@ class MultiModelEndpoint:
             if target not in self._loaded:
                 return False
             started = time.perf_counter()
-            try:
-                await asyncio.to_thread(self.control.unload, target)
-            except ModelNotLoaded:
-                pass
             self._loaded.pop(target, None)
+            with contextlib.suppress(ModelNotLoaded):
+                await asyncio.to_thread(self.control.unload, target)
             self.metrics.model_unloaded(time.perf_counter() - started, evicted=False)
             self._record_memory()
             return True

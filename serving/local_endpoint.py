@@ -48,6 +48,20 @@ class LocalEndpointOptions:
             raise UsageError(f"--port must be between 0 and 65535 (got {self.port})")
 
 
+def _check_engines(models: str) -> None:
+    """Refuse, before anything starts, TensorRT engines built for another TensorRT than the
+    serving release (``MME_TRITON_RELEASE``, else the default) runs: they would fail to load."""
+    import json
+    import os
+
+    from mme.versions import release
+    from packager.compat import check_plan_compatible
+
+    manifest = Path(models) / "manifest.json"
+    if not models.startswith("s3://") and manifest.is_file():
+        check_plan_compatible(json.loads(manifest.read_text()), release(os.environ.get("MME_TRITON_RELEASE")))
+
+
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """uvloop's loop (libuv): the front's per-request cost is what the endpoint adds to latency."""
     import uvloop
@@ -58,6 +72,7 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 class LocalEndpoint:
     def __init__(self, options: LocalEndpointOptions, reporter: Reporter | None = None) -> None:
         options.check()
+        _check_engines(options.models)
         self.options = options
         self.reporter = reporter or Reporter(quiet=True)
         source = source_from_uri(options.models, endpoint_url=options.s3_endpoint_url)

@@ -1,8 +1,10 @@
-"""Pick the Triton server for this host: NVIDIA's container where a GPU and Docker are
-usable, else the wheel's tritonserver (CPU, python backend)."""
+"""Pick the Triton server for this host: the tritonserver installed in this image when
+``MME_TRITONSERVER`` names it (the serving image), NVIDIA's container where a GPU and
+Docker are usable, else the wheel's tritonserver (CPU, python backend)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,8 +14,9 @@ from mme.errors import UsageError
 from serving.triton.base import TritonServer, TritonServerConfig
 from serving.triton.docker import DockerTritonServer, docker_engine_problem
 from serving.triton.local import LocalTritonServer
+from serving.triton.system import BINARY_ENV, SystemTritonServer
 
-KINDS = ("auto", "local", "docker")
+KINDS = ("auto", "local", "docker", "system")
 
 
 def nvidia_gpu_present() -> bool:
@@ -37,6 +40,8 @@ def choose_kind(kind: str = "auto", docker: str = "docker") -> str:
         raise UsageError(f"unknown Triton server kind {kind!r}; choose one of: {', '.join(KINDS)}")
     if kind != "auto":
         return kind
+    if os.environ.get(BINARY_ENV):
+        return "system"
     return "docker" if nvidia_gpu_present() and docker_engine_problem(docker) is None else "local"
 
 
@@ -49,7 +54,10 @@ def create_server(
     cache_dir: Path | None = None,
     docker: str = "docker",
 ) -> TritonServer:
-    """A started-on-demand server of ``kind``: "local", "docker" or "auto"."""
-    if choose_kind(kind, docker) == "docker":
+    """A started-on-demand server of ``kind``: "local", "docker", "system" or "auto"."""
+    chosen = choose_kind(kind, docker)
+    if chosen == "docker":
         return DockerTritonServer(config, image=image, model_dirs=model_dirs, docker=docker)
+    if chosen == "system":
+        return SystemTritonServer(config)
     return LocalTritonServer(config, cache_dir=cache_dir)

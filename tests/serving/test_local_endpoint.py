@@ -150,3 +150,28 @@ def test_lru_eviction_under_a_small_memory_limit(models_dir, packaged_test_resne
         assert snapshot["counts"]["ModelEvictions"] >= 3
         assert snapshot["counts"].get("Invocations.error", 0) == 0
         assert snapshot["gauges"]["LoadedModelCount"] < 5
+
+
+def test_eviction_under_concurrent_load_fails_no_request(models_dir, packaged_test_resnet):
+    # Six clients over four copies with room for about two: models are evicted and
+    # reloaded while others serve, and a model with a request in flight is never unloaded.
+    options = LocalEndpointOptions(models=str(models_dir), port=0, copies=4, server_kind="local",
+                                   memory_limit_bytes=260 * 2**20, memory_threshold=0.9)
+    body = packaged_test_resnet.sample("json")
+    with LocalEndpoint(options, Reporter(quiet=True)) as ep:
+        def calls(worker: int) -> list[int]:
+            sm = client(ep.url)
+            statuses = []
+            for i in range(4):
+                target = f"test_resnet-v{(worker + i) % 4 + 1}.tar.gz"
+                reply = sm.invoke_endpoint(EndpointName="local", TargetModel=target,
+                                           ContentType="application/json", Body=body)
+                statuses.append(reply["ResponseMetadata"]["HTTPStatusCode"])
+            return statuses
+
+        with ThreadPoolExecutor(6) as pool:
+            statuses = [s for worker in pool.map(calls, range(6)) for s in worker]
+        snapshot = requests.get(f"{ep.url}/metrics.json", timeout=10).json()
+    assert statuses == [200] * 24
+    assert snapshot["counts"]["ModelEvictions"] >= 1
+    assert snapshot["counts"].get("Invocations.model_error", 0) == 0

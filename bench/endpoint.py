@@ -1,0 +1,139 @@
+"""Where the endpoint is and how to reach it: the runtime URL, credentials from botocore's
+usual chain, and the pre-run reachability check. No Locust or gevent here: ``mme bench`` runs
+these checks in its own process before the run starts."""
+
+from __future__ import annotations
+
+import http.client
+import ipaddress
+import json
+import socket
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from mme.errors import MmeError, UsageError
+
+SERVICE = "sagemaker"  # SigV4 signing name of the SageMaker runtime
+PLACEHOLDER_KEY = "mme-local-placeholder"
+
+
+@dataclass(frozen=True)
+class EndpointAddress:
+    name: str  # EndpointName
+    url: str  # runtime base URL, no trailing slash
+    region: str
+    custom_url: bool  # --endpoint-url was given (local endpoint, proxy, VPC endpoint...)
+
+    @property
+    def invocations_path(self) -> str:
+        from urllib.parse import quote
+
+        return f"/endpoints/{quote(self.name, safe='')}/invocations"
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.url).hostname or ""
+
+    @property
+    def port(self) -> int:
+        parts = urlsplit(self.url)
+        return parts.port or (443 if parts.scheme == "https" else 80)
+
+    @property
+    def is_local(self) -> bool:
+        host = self.host
+        if host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False
+
+    @property
+    def is_aws(self) -> bool:
+        return self.host.endswith(".amazonaws.com") or self.host.endswith(".amazonaws.com.cn")
+
+
+def default_region() -> str:
+    import botocore.session
+
+    return botocore.session.get_session().get_config_variable("region") or "us-east-1"
+
+
+def resolve_address(name: str, endpoint_url: str | None, region: str | None) -> EndpointAddress:
+    if not name or "/" in name:
+        raise UsageError(f"--endpoint must be an endpoint name (got {name!r})")
+    region = region or default_region()
+    if endpoint_url is None:
+        suffix = "amazonaws.com.cn" if region.startswith("cn-") else "amazonaws.com"
+        return EndpointAddress(name, f"https://runtime.sagemaker.{region}.{suffix}", region, False)
+    parts = urlsplit(endpoint_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"--endpoint-url must look like http://HOST:PORT (got {endpoint_url!r})")
+    if parts.path not in ("", "/") or parts.query:
+        raise UsageError(f"--endpoint-url is the runtime's base URL without a path (got {endpoint_url!r})")
+    try:
+        parts.port
+    except ValueError:
+        raise UsageError(f"--endpoint-url has an invalid port (got {endpoint_url!r})") from None
+    return EndpointAddress(name, endpoint_url.rstrip("/"), region, True)
+
+
+def resolve_credentials(address: EndpointAddress):
+    """botocore's credential chain (environment, shared files, SSO, instance role...). A
+    non-AWS endpoint URL (the local endpoint, which checks no signature) gets placeholder
+    credentials when the chain finds none. Returns (credentials, description); the
+    description never contains secrets."""
+    import botocore.session
+    from botocore.credentials import Credentials
+    from botocore.exceptions import BotoCoreError
+
+    try:
+        credentials = botocore.session.get_session().get_credentials()
+    except BotoCoreError as exc:
+        raise MmeError(f"cannot load AWS credentials ({exc})") from None
+    if credentials is not None:
+        return credentials, f"botocore chain ({credentials.method})"
+    if address.custom_url and not address.is_aws:
+        return Credentials(PLACEHOLDER_KEY, PLACEHOLDER_KEY), "placeholder (no credentials found; non-AWS endpoint URL)"
+    raise MmeError("no AWS credentials found (botocore looks at AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
+                   "AWS_PROFILE, ~/.aws/credentials, SSO and instance roles); configure one of them")
+
+
+def check_reachable(address: EndpointAddress, timeout_s: float = 5.0) -> None:
+    """Before the run: a local endpoint must answer ``GET /ping``; any other must accept a TCP connection."""
+    where = f"endpoint {address.url}"
+    try:
+        if address.is_local and address.url.startswith("http://"):
+            connection = http.client.HTTPConnection(address.host, address.port, timeout=timeout_s)
+            try:
+                connection.request("GET", "/ping")
+                connection.getresponse().read()
+            finally:
+                connection.close()
+        else:
+            with socket.create_connection((address.host, address.port), timeout=timeout_s):
+                pass
+    except (OSError, http.client.HTTPException) as exc:
+        reason = getattr(exc, "strerror", None) or type(exc).__name__
+        hint = " (start it with 'mme serve', or check --endpoint-url)" if address.is_local else ""
+        raise MmeError(f"{where} is unreachable: {reason}{hint}") from None
+
+
+def fetch_metrics(base_url: str, timeout_s: float = 5.0) -> dict | None:
+    """``GET {endpoint_url}/metrics.json`` (our local endpoint's snapshot); None when absent."""
+    parts = urlsplit(base_url)
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    connection = cls(parts.hostname, parts.port, timeout=timeout_s)
+    try:
+        connection.request("GET", "/metrics.json", headers={"Accept": "application/json"})
+        response = connection.getresponse()
+        body = response.read()
+        if response.status != 200:
+            return None
+        data = json.loads(body)
+        return data if isinstance(data, dict) else None
+    except (OSError, http.client.HTTPException, ValueError):
+        return None
+    finally:
+        connection.close()

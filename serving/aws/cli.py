@@ -1,0 +1,318 @@
+"""``mme push | deploy | delete | metrics | compile``: the cloud commands.
+
+Registered by ``register(subparsers)``; boto3 and the command modules are imported only
+when a command runs. Plans and results go to stdout, progress to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from mme.argtypes import byte_size, positive_float, positive_int
+from mme.progress import Reporter
+
+
+def register(subparsers: Any) -> None:
+    register_push(subparsers)
+    register_deploy(subparsers)
+    register_delete(subparsers)
+    register_metrics(subparsers)
+    register_compile(subparsers)
+
+
+def _s3_endpoint_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--s3-endpoint-url", "--endpoint-url", dest="s3_endpoint_url", metavar="URL",
+                   help="S3-compatible endpoint for the s3:// URIs (e.g. a local test server)")
+
+
+def _region_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--region", help="AWS region (default: AWS_REGION / the profile's region)")
+
+
+# --- push ----------------------------------------------------------------------------------
+
+
+def register_push(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "push",
+        help="upload an artifact's MME tarball (and N copies, server-side) to an S3 prefix",
+        description="Upload <name>.tar.gz once, make <name>-v1..vN.tar.gz by server-side copy, skip objects whose "
+        "sha256 metadata already matches, verify every write. Refuses random-weight artifacts unless allowed.",
+    )
+    p.add_argument("artifact", help="artifacts/<model>/<format> made by 'mme package'")
+    p.add_argument("--s3", required=True, metavar="URI", help="destination prefix, s3://bucket/prefix")
+    p.add_argument("--copies", type=int, default=0, metavar="N", help="also make <name>-v1..vN.tar.gz (default: 0)")
+    p.add_argument("--dry-run", action="store_true", help="print what would be uploaded, copied and skipped; write nothing")
+    p.add_argument("--allow-random-weights", action="store_true", help="push an artifact packaged with random weights (load tests)")
+    p.add_argument("--multipart-threshold", type=byte_size, default=64 << 20, help="multipart upload above this size (64M)")
+    p.add_argument("--multipart-chunksize", type=byte_size, default=64 << 20, help="part size of multipart uploads (64M)")
+    p.add_argument("--max-concurrency", type=positive_int, default=4, help="parallel part uploads (4)")
+    _region_option(p)
+    _s3_endpoint_option(p)
+    p.set_defaults(func=run_push)
+
+
+def run_push(args: argparse.Namespace) -> int:
+    from serving.aws.s3push import PushRequest, TransferSettings, push
+    from serving.aws.session import S3Uri, boto3_session, client, require_credentials
+
+    destination = S3Uri.parse(args.s3)
+    request = PushRequest(
+        artifact=Path(args.artifact), destination=destination, copies=args.copies,
+        allow_random_weights=args.allow_random_weights, dry_run=args.dry_run,
+        settings=TransferSettings(args.multipart_threshold, args.multipart_chunksize, args.max_concurrency),
+    )
+    session = boto3_session(args.region)
+    require_credentials(session)
+    push(client(session, "s3", args.s3_endpoint_url), request, Reporter(quiet=args.quiet))
+    return 0
+
+
+# --- deploy ----------------------------------------------------------------------------------
+
+
+def register_deploy(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "deploy",
+        help="create a SageMaker endpoint (multi-model by default) on the Triton image and wait for it",
+        description="CreateModel -> CreateEndpointConfig -> CreateEndpoint, after checking instance type, role, region, "
+        "credentials, bucket and tarballs. A state file lists what was created (for 'mme delete'); running the "
+        "same command again carries on from what exists.",
+    )
+    p.add_argument("--s3", required=True, metavar="URI", help="s3://bucket/prefix holding the tarballs (single mode: or one .tar.gz)")
+    p.add_argument("--instance-type", required=True, help="e.g. ml.g5.2xlarge")
+    p.add_argument("--role", required=True, metavar="ARN", help="SageMaker execution role (arn:aws:iam::<account>:role/<name>)")
+    p.add_argument("--mode", choices=("multi", "single"), default="multi", help="multi-model endpoint, or one model (default: multi)")
+    p.add_argument("--target", metavar="NAME.tar.gz", help="single mode: the tarball under the prefix")
+    p.add_argument("--image-uri", help="serving image (default: sagemaker-tritonserver of the artifacts' release for the region)")
+    p.add_argument("--triton-release", help="release of mme/versions.toml for the image (default: the pushed artifacts')")
+    p.add_argument("--name", help="endpoint name (default: mme-<last prefix segment>); model and config get -model / -config")
+    p.add_argument("--instance-count", type=positive_int, default=1, help="instances behind the endpoint (default: 1)")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra container environment (repeatable)")
+    p.add_argument("--dry-run", action="store_true", help="check everything and print the exact requests; create nothing")
+    p.add_argument("--no-wait", dest="wait", action="store_false", help="return once creation has started")
+    p.add_argument("--timeout", type=positive_float, default=3600.0, metavar="S", help="give up waiting after S seconds (3600)")
+    p.add_argument("--poll-interval", type=positive_float, default=30.0, metavar="S", help="seconds between status checks (30)")
+    p.add_argument("--state-dir", default=".mme/deployments", help="where deployment state files go (default: %(default)s)")
+    _region_option(p)
+    _s3_endpoint_option(p)
+    p.set_defaults(func=run_deploy)
+
+
+def run_deploy(args: argparse.Namespace) -> int:
+    from serving.aws import deploy
+    from serving.aws.session import boto3_session, client
+    from serving.aws.state import DeploymentStore
+
+    request = deploy.DeployRequest(
+        s3=args.s3, instance_type=args.instance_type, role_arn=args.role, mode=args.mode, image_uri=args.image_uri,
+        triton_release=args.triton_release, name=args.name, region=args.region, target=args.target,
+        instance_count=args.instance_count, environment=deploy.parse_env(args.env), wait=args.wait,
+        timeout_s=args.timeout, poll_interval_s=args.poll_interval, state_dir=Path(args.state_dir),
+        s3_endpoint_url=args.s3_endpoint_url, dry_run=args.dry_run,
+    )
+    deploy.check_request(request)  # before any AWS call
+    reporter = Reporter(quiet=args.quiet)
+    session = boto3_session(args.region)
+    plan = deploy.plan_deploy(request, session, client(session, "s3", args.s3_endpoint_url), reporter)
+    for line in plan.lines():
+        print(line)
+    if args.dry_run:
+        print("dry run: nothing was created")
+        return 0
+    store = DeploymentStore(Path(args.state_dir))
+    state = deploy.run_deploy(plan, client(session, "sagemaker"), store, reporter, wait=args.wait,
+                              timeout_s=args.timeout, poll_s=args.poll_interval)
+    print(f"endpoint {plan.endpoint}: {state.status} ({plan.region}, {plan.instance_type}); state in {store.path(plan.endpoint)}")
+    target = "TargetModel='<name>-v1.tar.gz', " if plan.mode == "multi" else ""
+    print(f"  invoke: boto3.client('sagemaker-runtime', region_name='{plan.region}').invoke_endpoint("
+          f"EndpointName='{plan.endpoint}', {target}ContentType='application/json', Body=...)")
+    print(f"  it is billed while it exists: mme delete --endpoint {plan.endpoint} [--delete-s3]")
+    return 0
+
+
+# --- delete ----------------------------------------------------------------------------------
+
+
+def register_delete(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "delete",
+        help="delete an endpoint, its endpoint config and model (and with --delete-s3 its S3 prefix)",
+        description="Deletes what the deployment's state file lists (or what the endpoint refers to), tolerating "
+        "resources that are already gone, then removes the state file. Safe to run twice.",
+    )
+    p.add_argument("--endpoint", required=True, help="endpoint name")
+    p.add_argument("--delete-s3", action="store_true", help="also delete every object under the deployment's S3 prefix")
+    p.add_argument("--s3", metavar="URI", help="the prefix to delete when no state file records it")
+    p.add_argument("--dry-run", action="store_true", help="print what would be deleted")
+    p.add_argument("--state-dir", default=".mme/deployments", help="where deployment state files are (default: %(default)s)")
+    _region_option(p)
+    _s3_endpoint_option(p)
+    p.set_defaults(func=run_delete)
+
+
+def run_delete(args: argparse.Namespace) -> int:
+    from serving.aws import deploy
+    from serving.aws.session import boto3_session, client, require_credentials, require_region
+    from serving.aws.state import DeploymentStore
+
+    store = DeploymentStore(Path(args.state_dir))
+    deployment = store.load(args.endpoint)
+    session = boto3_session(args.region or (deployment.region if deployment else None))
+    region = require_region(session)
+    require_credentials(session)
+    sm = client(session, "sagemaker")
+    plan = deploy.plan_delete(args.endpoint, sm, region, deployment, args.delete_s3, args.s3, store.path(args.endpoint))
+    for line in plan.lines():
+        print(line)
+    if args.dry_run:
+        print("dry run: nothing was deleted")
+        return 0
+    endpoint_url = args.s3_endpoint_url or (deployment.s3_endpoint_url if deployment else None)
+    s3 = client(session, "s3", endpoint_url) if plan.s3_uri else None
+    outcome = deploy.run_delete(plan, sm, s3, store, Reporter(quiet=args.quiet))
+    print(f"deleted endpoint {args.endpoint}: " + ", ".join(f"{k}: {v}" for k, v in outcome.items()))
+    return 0
+
+
+# --- metrics ---------------------------------------------------------------------------------
+
+
+def register_metrics(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "metrics",
+        help="fetch an endpoint's CloudWatch metrics for a run window and save them (JSON + CSV)",
+        description="GetMetricData at a 60 s period: invocations, latencies, errors, MME model loading and cache, "
+        "CPU/memory/GPU utilisation. With --run the window and endpoint come from the run's run.json and the files "
+        "go into the run directory.",
+    )
+    p.add_argument("--endpoint", help="endpoint name (default with --run: the run's endpoint)")
+    window = p.add_mutually_exclusive_group(required=True)
+    window.add_argument("--run", metavar="RESULTS_DIR", help="a bench run directory (run.json gives started_at/ended_at)")
+    window.add_argument("--start", metavar="ISO", help="window start, e.g. 2024-05-01T12:00:00Z (with --end)")
+    p.add_argument("--end", metavar="ISO", help="window end (with --start; default: now)")
+    p.add_argument("--variant", default="AllTraffic", help="production variant (default: %(default)s)")
+    p.add_argument("--out", help="directory for the files without --run (default: results/metrics-<endpoint>-<start>)")
+    _region_option(p)
+    p.set_defaults(func=run_metrics)
+
+
+def run_metrics(args: argparse.Namespace) -> int:
+    from datetime import datetime, timezone
+
+    from serving.aws import cloudwatch
+    from serving.aws.errors import AwsError
+    from serving.aws.session import boto3_session, client, require_credentials, require_region
+
+    reporter = Reporter(quiet=args.quiet)
+    region = args.region
+    if args.run:
+        from bench.results import RunInfo
+
+        run_dir = Path(args.run)
+        info = RunInfo.read(run_dir)
+        if args.end:
+            raise AwsError("--end goes with --start; with --run the window is the run's started_at .. ended_at")
+        if not info.ended_at:
+            raise AwsError(f"{run_dir}/run.json has no ended_at (the run did not finish); pass --start and --end instead")
+        if info.endpoint_url:
+            reporter.warn(f"the run used endpoint_url {info.endpoint_url}: CloudWatch only has metrics of SageMaker endpoints")
+        endpoint = args.endpoint or info.endpoint
+        start = cloudwatch.parse_time(info.started_at, "run.json started_at")
+        end = cloudwatch.parse_time(info.ended_at, "run.json ended_at")
+        region = region or info.region or None
+        out_dir = run_dir
+    else:
+        if not args.endpoint:
+            raise AwsError("--endpoint is required with --start/--end")
+        endpoint = args.endpoint
+        start = cloudwatch.parse_time(args.start, "--start")
+        end = cloudwatch.parse_time(args.end, "--end") if args.end else datetime.now(timezone.utc)
+        out_dir = Path(args.out) if args.out else Path("results") / f"metrics-{endpoint}-{start.strftime('%Y%m%dT%H%M%SZ')}"
+    window = cloudwatch.Window.around(start, end)
+    for note in cloudwatch.window_warnings(window):
+        reporter.warn(note)
+    session = boto3_session(region)
+    region = require_region(session)
+    require_credentials(session)
+    report = cloudwatch.fetch(client(session, "cloudwatch"), endpoint, args.variant, window, region)
+    for line in cloudwatch.summary_lines(report):
+        print(line)
+    if report.points == 0:
+        reporter.warn(
+            f"CloudWatch returned no datapoints for {endpoint}/{args.variant} in {region} between {report.start} and "
+            f"{report.end}; check the endpoint name, region and window (datapoints arrive a few minutes late)"
+        )
+    for message in report.messages:
+        reporter.warn(f"CloudWatch: {message}")
+    json_path, csv_path = cloudwatch.save(report, out_dir)
+    print(f"written {json_path} and {csv_path}")
+    return 0
+
+
+# --- compile ---------------------------------------------------------------------------------
+
+
+def register_compile(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "compile",
+        help="build a TensorRT plan from an ONNX artifact in a SageMaker training job on the target GPU",
+        description="Runs a training job on --instance-type in the serving image (so TensorRT version and GPU match "
+        "the endpoint), downloads the plan into artifacts/<model>/tensorrt/ and writes its manifest.",
+    )
+    p.add_argument("--on", required=True, choices=("sagemaker",), help="where to build: sagemaker (a training job)")
+    p.add_argument("--instance-type", required=True, help="the GPU instance type you will serve on, e.g. ml.g5.2xlarge")
+    p.add_argument("--artifact", required=True, help="artifacts/<model>/onnx made by 'mme package --formats onnx'")
+    p.add_argument("--s3", required=True, metavar="URI", help="working prefix for the job's inputs and output")
+    p.add_argument("--role", required=True, metavar="ARN", help="SageMaker execution role")
+    p.add_argument("--image-uri", help="build image (default: the SageMaker Triton image of the artifact's release)")
+    p.add_argument("--triton-release", help="release of mme/versions.toml (default: the artifact's)")
+    p.add_argument("--precision", choices=("fp16", "fp32"), default="fp16", help="default: fp16")
+    p.add_argument("--max-batch-size", type=positive_int, help="profile's max batch (default: the manifest's)")
+    p.add_argument("--workspace-mib", type=positive_int, default=4096, help="TensorRT workspace (4096)")
+    p.add_argument("--out", help="artifact directory to write (default: artifacts/<model>/tensorrt)")
+    p.add_argument("--retry", action="store_true", help="start a new job after a failed or stopped one")
+    p.add_argument("--dry-run", action="store_true", help="print the job request; upload and create nothing")
+    p.add_argument("--timeout", type=positive_float, default=5400.0, metavar="S", help="give up waiting after S seconds (5400)")
+    p.add_argument("--poll-interval", type=positive_float, default=30.0, metavar="S", help="seconds between status checks (30)")
+    p.add_argument("--max-runtime", type=positive_int, default=3600, metavar="S", help="the job's MaxRuntimeInSeconds (3600)")
+    p.add_argument("--volume-gb", type=positive_int, default=30, help="the job's disk (30)")
+    p.add_argument("--state-dir", default=".mme/compile", help="where compile state files go (default: %(default)s)")
+    _region_option(p)
+    _s3_endpoint_option(p)
+    p.set_defaults(func=run_compile)
+
+
+def run_compile(args: argparse.Namespace) -> int:
+    from serving.aws import compile as remote
+    from serving.aws.session import boto3_session, client, require_credentials, require_region
+    from serving.aws.state import StateDir
+
+    request = remote.CompileRequest(
+        artifact=Path(args.artifact), s3=args.s3, instance_type=args.instance_type, role_arn=args.role,
+        region=args.region, image_uri=args.image_uri, triton_release=args.triton_release, precision=args.precision,
+        max_batch_size=args.max_batch_size, workspace_mib=args.workspace_mib, out=Path(args.out) if args.out else None,
+        volume_gb=args.volume_gb, max_runtime_s=args.max_runtime, timeout_s=args.timeout,
+        poll_interval_s=args.poll_interval, state_dir=Path(args.state_dir), s3_endpoint_url=args.s3_endpoint_url,
+        retry=args.retry, dry_run=args.dry_run,
+    )
+    remote.check_request(request)
+    artifact = remote.load_onnx_artifact(request.artifact)
+    reporter = Reporter(quiet=args.quiet)
+    session = boto3_session(args.region)
+    region = require_region(session)
+    require_credentials(session)
+    s3 = client(session, "s3", args.s3_endpoint_url)
+    store = StateDir(Path(args.state_dir), "compile job")
+    plan = remote.plan_compile(request, region, s3, store, artifact, reporter)
+    for line in plan.lines():
+        print(line)
+    if args.dry_run:
+        print("dry run: nothing was uploaded or started")
+        return 0
+    out = remote.run_compile(plan, artifact, client(session, "sagemaker"), s3, store, reporter,
+                             timeout_s=args.timeout, poll_s=args.poll_interval)
+    print(f"written {out} (TensorRT plan built on {plan.instance_type}; manifest.json records the TensorRT version and GPU)")
+    return 0

@@ -1,0 +1,553 @@
+"""``mme deploy`` / ``mme delete``: a SageMaker endpoint on the Triton image, and its removal.
+
+Deploy = CreateModel (``Mode: MultiModel`` with the S3 prefix as ``ModelDataUrl``, or one
+tarball for ``--mode single``) -> CreateEndpointConfig (one variant) -> CreateEndpoint ->
+wait for ``InService``. Everything that can be checked is checked before the first create
+call: instance type and role ARN against botocore's service model, region, credentials,
+bucket, the tarballs under the prefix, the image. Names are derived from the S3 prefix
+unless ``--name`` is given, so the same command run twice finds what the first run made
+and goes on from there instead of creating duplicates.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from mme.progress import Reporter
+from mme.versions import release as triton_release
+from serving.aws.errors import AwsError, DeployError, EndpointFailed, Interrupted, S3Error, WaitTimeout
+from serving.aws.images import check_image_uri, triton_image_uri
+from serving.aws.session import (
+    S3Uri,
+    aws_errors,
+    check_bucket,
+    check_instance_type,
+    check_role_arn,
+    error_code,
+    explain,
+    is_not_found,
+    matches_shape,
+    require_credentials,
+    require_region,
+    s3_fail,
+)
+from serving.aws.state import DEFAULT_DEPLOYMENTS_DIR, KINDS, Deployment, DeploymentStore, Resource, now_iso
+from serving.copies import _COPY
+
+MULTI, SINGLE = "multi", "single"
+VARIANT = "AllTraffic"
+TAGS = ({"Key": "created-by", "Value": "mme-toolkit"},)
+FAILED_STATES = ("Failed", "OutOfService", "UpdateRollbackFailed")
+NAME_MAX = 56  # + "-config" stays within SageMaker's 63 characters
+DEFAULT_MODEL_NAME_ENV = "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME"
+
+
+@dataclass(frozen=True)
+class DeployRequest:
+    s3: str  # s3://bucket/prefix (multi), or s3://bucket/prefix[/name.tar.gz] (single)
+    instance_type: str
+    role_arn: str
+    mode: str = MULTI
+    image_uri: str | None = None
+    triton_release: str | None = None
+    name: str | None = None
+    region: str | None = None
+    target: str | None = None  # single mode: the tarball under the prefix
+    instance_count: int = 1
+    environment: tuple[tuple[str, str], ...] = ()
+    wait: bool = True
+    timeout_s: float = 3600.0
+    poll_interval_s: float = 30.0
+    state_dir: Path = DEFAULT_DEPLOYMENTS_DIR
+    s3_endpoint_url: str | None = None
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class DeployPlan:
+    endpoint: str
+    endpoint_config: str
+    model: str
+    region: str
+    mode: str
+    s3_uri: str
+    model_data_url: str
+    instance_type: str
+    image_uri: str
+    create_model: dict
+    create_endpoint_config: dict
+    create_endpoint: dict
+    state_path: Path
+    s3_endpoint_url: str | None = None
+
+    def requests(self) -> dict[str, dict]:
+        return {
+            "CreateModel": self.create_model,
+            "CreateEndpointConfig": self.create_endpoint_config,
+            "CreateEndpoint": self.create_endpoint,
+        }
+
+    def lines(self) -> list[str]:
+        head = [
+            f"deploy plan: endpoint {self.endpoint} in {self.region} ({self.mode}-model, {self.instance_type})",
+            f"  model data: {self.model_data_url}",
+            f"  image:      {self.image_uri}",
+            f"  state file: {self.state_path}",
+        ]
+        body = json.dumps(self.requests(), indent=2).splitlines()
+        return head + ["  requests, in order:"] + ["  " + line for line in body]
+
+    def new_state(self) -> Deployment:
+        stamp = now_iso()
+        resources = (
+            Resource("model", self.model, "planned"),
+            Resource("endpoint-config", self.endpoint_config, "planned"),
+            Resource("endpoint", self.endpoint, "planned"),
+        )
+        return Deployment(
+            endpoint=self.endpoint, region=self.region, mode=self.mode, s3_uri=self.s3_uri,
+            model_data_url=self.model_data_url, instance_type=self.instance_type, image_uri=self.image_uri,
+            resources=resources, status="planned", created_at=stamp, updated_at=stamp,
+            s3_endpoint_url=self.s3_endpoint_url,
+        )
+
+
+# --- checks that need no AWS call ------------------------------------------------------
+
+
+def sanitize_name(text: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-")[:NAME_MAX].strip("-")
+    return name or "mme"
+
+
+def check_name(name: str) -> str:
+    if len(name) > NAME_MAX or not matches_shape(name, "EndpointName") or not matches_shape(name + "-config", "EndpointConfigName"):
+        raise DeployError(
+            f"--name {name!r} is not a valid SageMaker name; use up to {NAME_MAX} letters, digits and '-', starting and ending with a letter or digit"
+        )
+    return name
+
+
+def split_s3(text: str, mode: str) -> tuple[S3Uri, str | None]:
+    """``s3://b/p/x.tar.gz`` -> (prefix ``p/``, ``x.tar.gz``) in single mode; else (prefix, None)."""
+    if text.rstrip("/").endswith(".tar.gz"):
+        if mode != SINGLE:
+            raise DeployError(
+                f"--s3 {text} names one tarball; a multi-model endpoint takes the prefix that holds them "
+                "(drop the object name) or use --mode single"
+            )
+        parent, _, name = text.rstrip("/").rpartition("/")
+        return S3Uri.parse(parent), name
+    return S3Uri.parse(text), None
+
+
+def parse_env(items: list[str] | tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    pairs = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]{0,1023}", key):
+            raise DeployError(f"--env {item!r} must be KEY=VALUE with KEY made of letters, digits and '_'")
+        pairs.append((key, value))
+    return tuple(pairs)
+
+
+def check_request(request: DeployRequest) -> None:
+    if request.mode not in (MULTI, SINGLE):
+        raise DeployError(f"--mode {request.mode!r} must be multi or single")
+    check_instance_type(request.instance_type, "ProductionVariantInstanceType", "--instance-type", "endpoints")
+    check_role_arn(request.role_arn)
+    if request.name is not None:
+        check_name(request.name)
+    if request.image_uri is not None:
+        check_image_uri(request.image_uri)
+    if request.instance_count < 1:
+        raise DeployError(f"--instance-count must be 1 or more (got {request.instance_count})")
+    if not request.timeout_s > 0 or not request.poll_interval_s > 0:
+        raise DeployError("--timeout and --poll-interval must be positive numbers of seconds")
+    if len(request.environment) > 100:
+        raise DeployError("at most 100 --env entries fit in a SageMaker container's environment")
+    split_s3(request.s3, request.mode)
+
+
+# --- checks against AWS (reads only) ---------------------------------------------------
+
+
+def _targets(s3: Any, uri: S3Uri) -> list[str]:
+    names = []
+    try:
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=uri.bucket, Prefix=uri.prefix):
+            for obj in page.get("Contents", ()):
+                name = obj["Key"][len(uri.prefix):]
+                if name.endswith(".tar.gz") and "/" not in name:
+                    names.append(name)
+    except aws_errors() as exc:
+        raise s3_fail(exc, "list", uri.url(), "s3:ListBucket") from None
+    return sorted(names)
+
+
+def _object_metadata(s3: Any, uri: S3Uri, name: str) -> dict[str, str]:
+    try:
+        return dict(s3.head_object(Bucket=uri.bucket, Key=uri.key(name)).get("Metadata", {}))
+    except aws_errors() as exc:
+        if error_code(exc) in ("404", "NoSuchKey", "NotFound"):
+            raise S3Error(f"no object {uri.url(uri.key(name))}; push it first with 'mme push ARTIFACT --s3 {uri}'") from None
+        raise s3_fail(exc, "read", uri.url(uri.key(name)), "s3:GetObject") from None
+
+
+def plan_deploy(request: DeployRequest, session: Any, s3: Any, reporter: Reporter) -> DeployPlan:
+    """Validate everything and build the three create requests; makes no SageMaker call."""
+    check_request(request)
+    region = require_region(session)
+    require_credentials(session)
+    uri, target = split_s3(request.s3, request.mode)
+    check_bucket(s3, uri.bucket, region)
+    found = _targets(s3, uri)
+    if not found:
+        raise S3Error(f"no .tar.gz under {uri}; push the model first: mme push artifacts/<model>/<format> --s3 {uri}")
+    if request.mode == SINGLE:
+        target = request.target or target
+        if target is None:
+            bases = [n for n in found if not _COPY.match(n)]
+            if len(bases) != 1:
+                raise DeployError(
+                    f"--mode single needs one tarball but {uri} holds {len(bases)} ({', '.join(bases[:5])}); "
+                    "pass --target NAME.tar.gz or --s3 s3://bucket/prefix/NAME.tar.gz"
+                )
+            target = bases[0]
+        metadata = _object_metadata(s3, uri, target)
+        model_data_url = uri.url(uri.key(target))
+    else:
+        metadata = _object_metadata(s3, uri, found[0])
+        model_data_url = uri.url()
+    if metadata.get("mme-format") == "cpu-local":
+        reporter.warn(f"{model_data_url} holds the cpu-local format, which the SageMaker Triton image cannot run; push onnx, torchscript or tensorrt")
+    release = request.triton_release or metadata.get("mme-triton-release") or None
+    image = request.image_uri or triton_image_uri(region, release)
+    if metadata.get("mme-tensorrt") and not request.image_uri:
+        from packager.compat import check_plan_compatible
+
+        check_plan_compatible({"model": metadata.get("mme-model"), "format": metadata.get("mme-format"),
+                               "versions": {"tensorrt": metadata["mme-tensorrt"]}}, triton_release(release))
+    default_base = uri.prefix.rstrip("/").rsplit("/", 1)[-1] or uri.bucket
+    if request.mode == SINGLE and target:
+        default_base = target[: -len(".tar.gz")]
+    name = request.name or sanitize_name(f"mme-{default_base}")
+    check_name(name)
+    env = {}
+    if request.mode == SINGLE:
+        env[DEFAULT_MODEL_NAME_ENV] = metadata.get("mme-model") or (target or "")[: -len(".tar.gz")]
+    env.update(dict(request.environment))
+    container: dict[str, Any] = {
+        "Image": image,
+        "Mode": "MultiModel" if request.mode == MULTI else "SingleModel",
+        "ModelDataUrl": model_data_url,
+    }
+    if env:
+        container["Environment"] = env
+    model_name, config_name = f"{name}-model", f"{name}-config"
+    return DeployPlan(
+        endpoint=name, endpoint_config=config_name, model=model_name, region=region, mode=request.mode,
+        s3_uri=uri.url(), model_data_url=model_data_url, instance_type=request.instance_type, image_uri=image,
+        create_model={"ModelName": model_name, "ExecutionRoleArn": request.role_arn, "PrimaryContainer": container,
+                      "Tags": [dict(t) for t in TAGS]},
+        create_endpoint_config={
+            "EndpointConfigName": config_name,
+            "ProductionVariants": [{
+                "VariantName": VARIANT, "ModelName": model_name, "InstanceType": request.instance_type,
+                "InitialInstanceCount": request.instance_count, "InitialVariantWeight": 1.0,
+            }],
+            "Tags": [dict(t) for t in TAGS],
+        },
+        create_endpoint={"EndpointName": name, "EndpointConfigName": config_name, "Tags": [dict(t) for t in TAGS]},
+        state_path=DeploymentStore(request.state_dir).path(name),
+        s3_endpoint_url=request.s3_endpoint_url,
+    )
+
+
+# --- carrying it out ----------------------------------------------------------------
+
+
+class _Tracker:
+    """The deployment's state, saved on every change."""
+
+    def __init__(self, store: DeploymentStore, deployment: Deployment) -> None:
+        self.store = store
+        self.deployment = deployment
+        self.store.save(deployment)
+
+    def mark(self, kind: str, status: str) -> None:
+        self.deployment = self.deployment.with_resource(kind, status)
+        self.store.save(self.deployment)
+
+    def found(self, kind: str) -> None:
+        """The resource exists: ours if a run of this deployment asked for it, else it was there before."""
+        current = self.deployment.resource(kind).status
+        if current in ("planned", "requested"):
+            self.mark(kind, "existing" if current == "planned" else "created")
+
+    def status(self, status: str, reason: str | None = None) -> None:
+        self.deployment = self.deployment.with_status(status, reason)
+        self.store.save(self.deployment)
+
+
+def _describe(call: Callable[..., dict], what: str, **kwargs: Any) -> dict | None:
+    try:
+        return call(**kwargs)
+    except aws_errors() as exc:
+        if is_not_found(exc):
+            return None
+        raise DeployError(explain(exc, "describe", what, "sagemaker:Describe*")) from None
+
+
+def _create(call: Callable[..., dict], what: str, permission: str, request: dict) -> dict:
+    try:
+        return call(**request)
+    except aws_errors() as exc:
+        raise DeployError(explain(exc, "create", what, permission)) from None
+
+
+def _conflict(kind: str, name: str, field_name: str, found: Any, wanted: Any, endpoint: str) -> DeployError:
+    return DeployError(
+        f"{kind} {name} already exists with {field_name} {found} (this deploy wants {wanted}); remove it with "
+        f"'mme delete --endpoint {endpoint}' or choose another --name"
+    )
+
+
+def _ensure_model(sm: Any, plan: DeployPlan, tracker: _Tracker, reporter: Reporter) -> None:
+    existing = _describe(sm.describe_model, f"model {plan.model}", ModelName=plan.model)
+    if existing is not None:
+        container = existing.get("PrimaryContainer") or (existing.get("Containers") or [{}])[0]
+        wanted = plan.create_model["PrimaryContainer"]
+        for key in ("ModelDataUrl", "Image", "Mode"):
+            if container.get(key) != wanted[key]:
+                raise _conflict("model", plan.model, key, container.get(key), wanted[key], plan.endpoint)
+        tracker.found("model")
+        reporter.info(f"  model {plan.model}: exists, kept")
+        return
+    tracker.mark("model", "requested")
+    _create(sm.create_model, f"model {plan.model}", "sagemaker:CreateModel and iam:PassRole on the role", plan.create_model)
+    tracker.mark("model", "created")
+    reporter.info(f"  model {plan.model}: created")
+
+
+def _ensure_endpoint_config(sm: Any, plan: DeployPlan, tracker: _Tracker, reporter: Reporter) -> None:
+    name = plan.endpoint_config
+    existing = _describe(sm.describe_endpoint_config, f"endpoint config {name}", EndpointConfigName=name)
+    if existing is not None:
+        variant = (existing.get("ProductionVariants") or [{}])[0]
+        wanted = plan.create_endpoint_config["ProductionVariants"][0]
+        for key in ("ModelName", "InstanceType"):
+            if variant.get(key) != wanted[key]:
+                raise _conflict("endpoint config", name, key, variant.get(key), wanted[key], plan.endpoint)
+        tracker.found("endpoint-config")
+        reporter.info(f"  endpoint config {name}: exists, kept")
+        return
+    tracker.mark("endpoint-config", "requested")
+    _create(sm.create_endpoint_config, f"endpoint config {name}", "sagemaker:CreateEndpointConfig", plan.create_endpoint_config)
+    tracker.mark("endpoint-config", "created")
+    reporter.info(f"  endpoint config {name}: created")
+
+
+def _ensure_endpoint(sm: Any, plan: DeployPlan, tracker: _Tracker, reporter: Reporter) -> None:
+    existing = _describe(sm.describe_endpoint, f"endpoint {plan.endpoint}", EndpointName=plan.endpoint)
+    if existing is not None:
+        if existing.get("EndpointConfigName") != plan.endpoint_config:
+            raise _conflict("endpoint", plan.endpoint, "EndpointConfigName", existing.get("EndpointConfigName"),
+                            plan.endpoint_config, plan.endpoint)
+        status = existing.get("EndpointStatus")
+        if status == "Failed":
+            reason = existing.get("FailureReason", "no reason given")
+            tracker.status("Failed", reason)
+            raise EndpointFailed(
+                f"endpoint {plan.endpoint} exists and has Failed: {reason}; remove it with 'mme delete --endpoint {plan.endpoint}' and deploy again"
+            )
+        if status == "Deleting":
+            raise DeployError(f"endpoint {plan.endpoint} is being deleted; wait until it is gone, then run mme deploy again")
+        tracker.found("endpoint")
+        reporter.info(f"  endpoint {plan.endpoint}: exists ({status})")
+        return
+    tracker.mark("endpoint", "requested")
+    _create(sm.create_endpoint, f"endpoint {plan.endpoint}", "sagemaker:CreateEndpoint", plan.create_endpoint)
+    tracker.mark("endpoint", "created")
+    reporter.info(f"  endpoint {plan.endpoint}: creation started (GPU endpoints usually take 5-15 minutes)")
+
+
+def wait_for_endpoint(sm: Any, endpoint: str, timeout_s: float, poll_s: float, reporter: Reporter,
+                      sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> dict:
+    """Poll DescribeEndpoint until InService; Failed -> EndpointFailed with SageMaker's FailureReason."""
+    start = clock()
+    while True:
+        desc = _describe(sm.describe_endpoint, f"endpoint {endpoint}", EndpointName=endpoint)
+        elapsed = clock() - start
+        if desc is None:
+            raise DeployError(f"endpoint {endpoint} disappeared while waiting for it (deleted elsewhere?); run mme deploy again")
+        status = desc.get("EndpointStatus", "unknown")
+        reporter.info(f"  endpoint {endpoint}: {status} ({elapsed:.0f} s)")
+        if status == "InService":
+            return desc
+        if status in FAILED_STATES:
+            raise EndpointFailed(
+                f"endpoint {endpoint} {status}: {desc.get('FailureReason', 'no reason given')}; its logs are in CloudWatch "
+                f"/aws/sagemaker/Endpoints/{endpoint}; remove it with 'mme delete --endpoint {endpoint}'"
+            )
+        if elapsed + poll_s > timeout_s:
+            raise WaitTimeout(
+                f"endpoint {endpoint} still {status} after {elapsed:.0f} s (--timeout {timeout_s:.0f}); it keeps going in "
+                f"the background: run the same mme deploy again to wait more, or 'mme delete --endpoint {endpoint}'"
+            )
+        sleep(poll_s)
+
+
+def run_deploy(plan: DeployPlan, sm: Any, store: DeploymentStore, reporter: Reporter, *, wait: bool = True,
+               timeout_s: float = 3600.0, poll_s: float = 30.0, sleep: Callable[[float], None] = time.sleep,
+               clock: Callable[[], float] = time.monotonic) -> Deployment:
+    previous = store.load(plan.endpoint)
+    if previous is not None and (previous.model_data_url, previous.instance_type, previous.mode) != (
+            plan.model_data_url, plan.instance_type, plan.mode):
+        raise DeployError(
+            f"{store.path(plan.endpoint)} records endpoint {plan.endpoint} for {previous.model_data_url} on "
+            f"{previous.instance_type} ({previous.mode}); delete it first (mme delete --endpoint {plan.endpoint}) or choose another --name"
+        )
+    tracker = _Tracker(store, (previous or plan.new_state()).with_status("deploying"))
+    reporter.info(f"==> deploying {plan.endpoint} ({plan.instance_type}, {plan.mode}-model) in {plan.region}; state in {plan.state_path}")
+    try:
+        _ensure_model(sm, plan, tracker, reporter)
+        _ensure_endpoint_config(sm, plan, tracker, reporter)
+        _ensure_endpoint(sm, plan, tracker, reporter)
+        if not wait:
+            tracker.status("Creating")
+            return tracker.deployment
+        try:
+            wait_for_endpoint(sm, plan.endpoint, timeout_s, poll_s, reporter, sleep, clock)
+        except EndpointFailed as exc:
+            tracker.status("Failed", str(exc))
+            raise
+        except WaitTimeout:
+            tracker.status("Creating")
+            raise
+        tracker.status("InService")
+        return tracker.deployment
+    except KeyboardInterrupt:
+        tracker.status("interrupted")
+        raise Interrupted(
+            f"interrupted; what may have been created is listed in {store.path(plan.endpoint)}: remove it with "
+            f"'mme delete --endpoint {plan.endpoint}' or run the same mme deploy again to carry on"
+        ) from None
+
+
+# --- delete -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeletePlan:
+    endpoint: str
+    region: str
+    resources: tuple[tuple[str, str], ...]  # (kind, name) in deletion order
+    s3_uri: str | None  # prefix (or object) to delete, when --delete-s3
+    state_path: Path | None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def lines(self) -> list[str]:
+        out = [f"delete plan for endpoint {self.endpoint} in {self.region}"]
+        out += [f"  delete {kind} {name}" for kind, name in self.resources]
+        if self.s3_uri:
+            out.append(f"  delete every object under {self.s3_uri}")
+        if self.state_path:
+            out.append(f"  remove state file {self.state_path}")
+        out += [f"  note: {n}" for n in self.notes]
+        return out
+
+
+def plan_delete(endpoint: str, sm: Any, region: str, deployment: Deployment | None, delete_s3: bool,
+                s3_override: str | None, state_path: Path) -> DeletePlan:
+    s3_uri = None
+    if delete_s3:  # checked before any call
+        s3_uri = s3_override or (deployment.s3_uri if deployment is not None else None)
+        if s3_uri is None:
+            raise DeployError(f"--delete-s3: no state file for {endpoint} records its S3 prefix; pass --s3 s3://bucket/prefix")
+        uri = S3Uri.parse(s3_uri, "--s3" if s3_override else "the state file's s3_uri")
+        if not uri.prefix:
+            raise DeployError(f"--delete-s3 refuses to empty the whole bucket {uri.bucket}; the deployment's prefix must not be the bucket root")
+        s3_uri = uri.url()
+    notes: list[str] = []
+    if deployment is not None:
+        by_kind = {r.kind: r.name for r in deployment.resources}
+        resources = tuple((kind, by_kind[kind]) for kind in KINDS if kind in by_kind)
+    else:
+        desc = _describe(sm.describe_endpoint, f"endpoint {endpoint}", EndpointName=endpoint)
+        if desc is not None:
+            config = desc["EndpointConfigName"]
+            cfg = _describe(sm.describe_endpoint_config, f"endpoint config {config}", EndpointConfigName=config)
+            models = [v["ModelName"] for v in (cfg or {}).get("ProductionVariants", ()) if v.get("ModelName")]
+            resources = (("endpoint", endpoint), ("endpoint-config", config)) + tuple(("model", m) for m in models)
+        else:
+            notes.append(f"no state file and no endpoint {endpoint}: trying the names mme deploy gives")
+            resources = (("endpoint", endpoint), ("endpoint-config", f"{endpoint}-config"), ("model", f"{endpoint}-model"))
+    return DeletePlan(endpoint, region, resources, s3_uri, state_path if deployment is not None else None, tuple(notes))
+
+
+_DELETE_CALLS = {
+    "endpoint": ("delete_endpoint", "EndpointName", "sagemaker:DeleteEndpoint"),
+    "endpoint-config": ("delete_endpoint_config", "EndpointConfigName", "sagemaker:DeleteEndpointConfig"),
+    "model": ("delete_model", "ModelName", "sagemaker:DeleteModel"),
+}
+
+
+def delete_prefix(s3: Any, uri: S3Uri) -> int:
+    """Delete every object under the prefix (and abort its pending multipart uploads)."""
+    deleted = 0
+    try:
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=uri.bucket, Prefix=uri.prefix):
+            keys = [{"Key": obj["Key"]} for obj in page.get("Contents", ())]
+            if not keys:
+                continue
+            reply = s3.delete_objects(Bucket=uri.bucket, Delete={"Objects": keys, "Quiet": True})
+            errors = reply.get("Errors", ())
+            if errors:
+                first = errors[0]
+                raise S3Error(
+                    f"could not delete {len(errors)} objects under {uri} (first: {first.get('Key')}: {first.get('Code')}); "
+                    "grant s3:DeleteObject on the prefix and run mme delete again"
+                )
+            deleted += len(keys)
+        for upload in s3.list_multipart_uploads(Bucket=uri.bucket, Prefix=uri.prefix).get("Uploads", ()):
+            s3.abort_multipart_upload(Bucket=uri.bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+    except aws_errors() as exc:
+        raise s3_fail(exc, "delete objects under", uri.url(), "s3:ListBucket and s3:DeleteObject") from None
+    return deleted
+
+
+def run_delete(plan: DeletePlan, sm: Any, s3: Any | None, store: DeploymentStore, reporter: Reporter) -> dict[str, str]:
+    """Delete each resource (a missing one counts as deleted), then the S3 prefix, then the state file."""
+    outcome: dict[str, str] = {}
+    deployment = store.load(plan.endpoint)
+    for kind, name in plan.resources:
+        method, param, permission = _DELETE_CALLS[kind]
+        try:
+            getattr(sm, method)(**{param: name})
+            outcome[f"{kind} {name}"] = "deleted"
+            reporter.info(f"  {kind} {name}: deleted")
+        except aws_errors() as exc:
+            if not is_not_found(exc):
+                raise DeployError(
+                    explain(exc, "delete", f"{kind} {name}", permission) + f"; then run mme delete --endpoint {plan.endpoint} again"
+                ) from None
+            outcome[f"{kind} {name}"] = "not found"
+            reporter.info(f"  {kind} {name}: not found (already gone)")
+        if deployment is not None and any(r.kind == kind for r in deployment.resources):
+            deployment = deployment.with_resource(kind, "deleted")
+            store.save(deployment)
+    if plan.s3_uri:
+        if s3 is None:
+            raise AwsError("internal: --delete-s3 without an S3 client")
+        count = delete_prefix(s3, S3Uri.parse(plan.s3_uri))
+        outcome[plan.s3_uri] = f"{count} objects deleted"
+        reporter.info(f"  {plan.s3_uri}: {count} objects deleted")
+    if store.remove(plan.endpoint):
+        reporter.info(f"  state file {store.path(plan.endpoint)}: removed")
+    return outcome

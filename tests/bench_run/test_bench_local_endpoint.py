@@ -1,0 +1,119 @@
+"""A short bench against the real local endpoint (`mme serve`: the front, a real Triton, three
+copies of a packaged model) with the fast client: what run.json, requests.csv, stages.csv and
+endpoint_metrics.jsonl hold afterwards."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from bench.results import ENDPOINT_METRICS_FILE, REQUESTS_FILE, RUN_FILE, STAGES_FILE
+from tests.bench_run.helpers import ROOT, bench_env, free_port, run_bench, saved_run
+
+STARTUP_TIMEOUT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def local_endpoint(test_resnet_cpu_local):
+    artifact_dir, _ = test_resnet_cpu_local
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "mme", "-q", "serve", "--models", str(artifact_dir), "--port",
+                                str(port), "--server", "local", "--copies", "3"], cwd=ROOT, env=bench_env(),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    try:
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"mme serve exited with {process.returncode}: {process.stderr.read()}")
+            try:
+                with urllib.request.urlopen(f"{url}/ping", timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"mme serve did not answer {url}/ping within {STARTUP_TIMEOUT_S:.0f} s")
+                time.sleep(0.2)
+        warm_up(url, artifact_dir)
+        yield artifact_dir, url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def warm_up(url: str, artifact_dir) -> None:
+    """Load the three copies first (a few seconds each on two cores), so the short bench measures
+    a warm endpoint and every copy is loaded when it snapshots the metrics."""
+    body = (artifact_dir / "sample_request.json").read_bytes()
+
+    def invoke(i: int) -> int:
+        request = urllib.request.Request(f"{url}/endpoints/local/invocations", data=body, method="POST", headers={
+            "Content-Type": "application/json", "X-Amzn-SageMaker-Target-Model": f"test_resnet-v{i}.tar.gz"})
+        with urllib.request.urlopen(request, timeout=STARTUP_TIMEOUT_S) as response:
+            return response.status
+
+    with ThreadPoolExecutor(3) as pool:
+        assert list(pool.map(invoke, (1, 2, 3))) == [200, 200, 200]
+
+
+def test_short_bench_against_the_local_endpoint(local_endpoint, tmp_path):
+    artifact_dir, url = local_endpoint
+    shape = tmp_path / "shape.json"
+    shape.write_text(json.dumps([{"duration": 3, "users": 2, "spawn_rate": 4},
+                                 {"duration": 6, "users": 4, "spawn_rate": 4}]))
+    completed = run_bench("--endpoint", "local", "--endpoint-url", url, "--artifact", str(artifact_dir),
+                          "--copies", "3", "--shape", f"file:{shape}", "--progress-interval", "2",
+                          "--out", str(tmp_path / "results"))
+    run = saved_run(completed)
+
+    # run.json
+    info = run.info
+    assert run.directory.parent == tmp_path / "results" and run.directory.name.endswith("-test_resnet")
+    assert info.run_id == run.directory.name
+    assert (info.endpoint, info.endpoint_url, info.mode, info.model, info.format) == ("local", url, "multi", "test_resnet", "cpu-local")
+    assert (info.copies, info.target_distribution, info.client, info.workers) == (3, "uniform", "fast", 1)
+    assert info.instance_type == "local" and info.content_type == "application/json"
+    assert info.payload_bytes == (artifact_dir / "sample_request.json").stat().st_size
+    assert info.stopped_reason == "completed" and info.started_at and info.ended_at
+    assert info.models_loaded == 3
+    assert info.extra["requests"] == len(run.requests) and info.extra["failures"] == 0
+
+    # requests.csv: every request answered, spread over the three copies
+    assert len(run.requests) > 30
+    assert all(r.ok == 1 and r.status == 200 and r.error == "" for r in run.requests)
+    targets = Counter(r.target for r in run.requests)
+    assert set(targets) == {f"test_resnet-v{i}.tar.gz" for i in (1, 2, 3)}
+    assert min(targets.values()) >= len(run.requests) / 8
+    assert {r.stage for r in run.requests} == {0, 1}
+    assert {r.users for r in run.requests if r.stage == 0} == {2}
+    assert max(r.users for r in run.requests if r.stage == 1) == 4
+    assert all(0 <= r.t < 6.5 and r.latency_ms > 0 for r in run.requests)
+
+    # stages.csv
+    assert [(s.stage, s.users) for s in run.stages] == [(0, 2), (1, 4)]
+    assert run.stages[0].start_t == 0 and run.stages[0].end_t == pytest.approx(3, abs=0.2)
+    assert run.stages[1].end_t == pytest.approx(6, abs=0.3)
+    assert all(0 < s.generator_cpu_max < 90 and s.saturated == 0 for s in run.stages)
+
+    # endpoint_metrics.jsonl: the local endpoint's /metrics.json at each stage end
+    assert [m["stage"] for m in run.metrics] == [0, 1]
+    last = run.metrics[-1]["snapshot"]
+    assert last["gauges"]["LoadedModelCount"] == 3
+    assert len(last["loaded_models"]) == 3
+
+    # Locust's own CSVs next to ours
+    for name in (RUN_FILE, REQUESTS_FILE, STAGES_FILE, ENDPOINT_METRICS_FILE, "locust_stats.csv",
+                 "locust_stats_history.csv", "locust_failures.csv"):
+        assert (run.directory / name).exists(), name
+    assert "stage 2/2 done" in completed.stderr and "completed after" in completed.stderr
+    assert completed.stdout.strip() == str(run.directory)

@@ -1,0 +1,229 @@
+"""Fixtures for the cloud commands: a real moto S3 server over HTTP, dummy credentials,
+stubbed SageMaker / CloudWatch clients (botocore's Stubber checks every request against
+the service model), artifact copies to change, and the command line run in-process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+ROLE = "arn:aws:iam::123456789012:role/SageMakerExecution"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def moto_url() -> Iterator[str]:
+    """``moto_server`` from the venv on a free port of 127.0.0.1 (S3 over real HTTP)."""
+    exe = Path(sys.executable).parent / "moto_server"
+    if not exe.exists():
+        pytest.skip("moto_server not installed; pip install 'moto[server]'")
+    port = _free_port()
+    proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/moto-api/", timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"moto_server did not start on port {port} (exit code {proc.poll()})")
+                time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Dummy credentials through the environment; no real config files, no instance metadata."""
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@dataclass
+class Calls:
+    """Counts S3 operations a client sends (PutObject/UploadPart carry bodies; copies do not)."""
+
+    names: list[str] = field(default_factory=list)
+
+    def count(self, *operations: str) -> int:
+        return sum(1 for n in self.names if n in operations)
+
+    @property
+    def bodies(self) -> int:
+        return self.count("PutObject", "UploadPart")
+
+    @property
+    def copies(self) -> int:
+        return self.count("CopyObject", "UploadPartCopy")
+
+    @property
+    def writes(self) -> int:
+        return self.count("PutObject", "UploadPart", "CopyObject", "UploadPartCopy", "CreateMultipartUpload",
+                          "CompleteMultipartUpload", "DeleteObject", "DeleteObjects")
+
+
+@dataclass(frozen=True)
+class S3Env:
+    url: str
+    client: object
+    bucket: str
+    calls: Calls
+
+    def keys(self, prefix: str = "") -> list[str]:
+        reply = self.client.list_objects_v2(Bucket=self.bucket, Prefix=prefix)
+        return sorted(o["Key"] for o in reply.get("Contents", ()))
+
+    def pending_uploads(self) -> list:
+        return list(self.client.list_multipart_uploads(Bucket=self.bucket).get("Uploads", ()))
+
+
+@pytest.fixture
+def s3env(aws_env, moto_url: str) -> S3Env:
+    """A fresh bucket on the moto server and a client that counts what it sends."""
+    import boto3
+
+    client = boto3.session.Session().client("s3", endpoint_url=moto_url)
+    bucket = f"mme-test-{uuid.uuid4().hex[:10]}"
+    client.create_bucket(Bucket=bucket)
+    calls = Calls()
+    client.meta.events.register("before-call.s3", lambda model, **_: calls.names.append(model.name))
+    return S3Env(moto_url, client, bucket, calls)
+
+
+@pytest.fixture
+def artifact(test_resnet_cpu_local, tmp_path: Path) -> Path:
+    """A private copy of the packaged test_resnet (cpu-local, weights: random) that tests may change."""
+    source, _ = test_resnet_cpu_local
+    dest = tmp_path / "artifacts" / "test_resnet" / "cpu-local"
+    shutil.copytree(source, dest)
+    return dest
+
+
+def rewrite_tarball(directory: Path, data: bytes) -> None:
+    """Replace an artifact's tarball and record it in the manifest, as a re-package would."""
+    from mme.fsutil import sha256_of
+
+    manifest_path = directory / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    tarball = directory / manifest["tarball"]
+    tarball.write_bytes(data)
+    for entry in manifest["files"]:
+        if entry["path"] == manifest["tarball"]:
+            entry["sha256"], entry["bytes"] = sha256_of(tarball), tarball.stat().st_size
+    manifest_path.write_text(json.dumps(manifest, indent=2))
+
+
+@pytest.fixture
+def change_tarball() -> Callable[[Path, bytes], None]:
+    return rewrite_tarball
+
+
+@pytest.fixture
+def onnx_artifact(artifact: Path) -> Path:
+    """The copy turned into an onnx-format artifact (same model.onnx, onnxruntime config), for compile tests."""
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    manifest["format"] = "onnx"
+    manifest["triton"].update(platform="onnxruntime_onnx", backend=None, instance_kind="KIND_GPU")
+    model_dir = artifact / manifest["model"]
+    (model_dir / "1" / "model.py").unlink()
+    (model_dir / "config.pbtxt").write_text(
+        'platform: "onnxruntime_onnx"\nmax_batch_size: 16\n'
+        'input { name: "pixel_values" data_type: TYPE_FP32 dims: [3, 160, 160] }\n'
+        'output { name: "logits" data_type: TYPE_FP32 dims: [1000] }\n'
+        'instance_group { count: 1 kind: KIND_GPU }\ndynamic_batching { max_queue_delay_microseconds: 100 }\n'
+    )
+    (artifact / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    onnx_dir = artifact.parent / "onnx"
+    artifact.rename(onnx_dir)
+    return onnx_dir
+
+
+@pytest.fixture
+def stubbed(aws_env):
+    """stubbed(service) -> (client, Stubber), activated; pending responses are checked by the test."""
+    import boto3
+    from botocore.stub import Stubber
+
+    stubs = []
+
+    def make(service: str):
+        client = boto3.session.Session(region_name="us-east-1").client(service)
+        stub = Stubber(client)
+        stub.activate()
+        stubs.append(stub)
+        return client, stub
+
+    yield make
+    for stub in stubs:
+        stub.deactivate()
+
+
+@pytest.fixture
+def run_cli(monkeypatch: pytest.MonkeyPatch, capsys):
+    """run_cli(*argv) -> (exit code, stdout, stderr): ``mme`` with the cloud commands, in-process."""
+    import mme.cli
+
+    monkeypatch.setattr(mme.cli, "COMMAND_MODULES", ("serving.aws.cli",))
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = mme.cli.main(list(argv))
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run
+
+
+class FakeClock:
+    """sleep() advances the clock instead of waiting; optional hook per sleep."""
+
+    def __init__(self, on_sleep: Callable[[int], None] | None = None) -> None:
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+        self.on_sleep = on_sleep
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+        if self.on_sleep is not None:
+            self.on_sleep(len(self.sleeps))
+
+
+@pytest.fixture
+def fake_clock() -> Callable[..., FakeClock]:
+    return FakeClock

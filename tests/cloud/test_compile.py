@@ -1,0 +1,224 @@
+"""mme compile --on sagemaker: the training-job request (checked against SageMaker's model),
+state, polling, the download into artifacts/<model>/tensorrt/ with its manifest, and the
+job's entry script run locally with a stand-in trtexec (the real build needs the GPU instance)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from mme.progress import Reporter
+from mme.versions import release as triton_release
+from serving.aws import compile as remote
+from serving.aws import trt_build_entry
+from serving.aws.errors import AwsError, CompileFailed
+from serving.aws.state import StateDir
+
+ROLE = "arn:aws:iam::123456789012:role/SageMakerExecution"
+NOW = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
+
+
+def _plan(s3env, onnx_artifact, tmp_path, **overrides):
+    request = remote.CompileRequest(artifact=onnx_artifact, s3=f"s3://{s3env.bucket}/work", instance_type="ml.g5.2xlarge",
+                                    role_arn=ROLE, state_dir=tmp_path / "compile-state", **overrides)
+    remote.check_request(request)
+    artifact = remote.load_onnx_artifact(onnx_artifact)
+    store = StateDir(request.state_dir, "compile job")
+    return remote.plan_compile(request, "us-east-1", s3env.client, store, artifact, Reporter(quiet=True)), artifact, store
+
+
+def _job(plan, status, secondary, **extra):
+    return {"TrainingJobName": plan.job_name, "TrainingJobArn": f"arn:aws:sagemaker:us-east-1:123456789012:training-job/{plan.job_name}",
+            "ModelArtifacts": {"S3ModelArtifacts": f"{plan.output_uri}{plan.job_name}/output/model.tar.gz"},
+            "TrainingJobStatus": status, "SecondaryStatus": secondary, "CreationTime": NOW,
+            "StoppingCondition": {"MaxRuntimeInSeconds": 3600}, **extra}
+
+
+def _job_output(s3env, plan, info: dict) -> None:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, data in (("model.plan", b"\x00TRT-PLAN" * 1000), ("build_info.json", json.dumps(info).encode())):
+            member = tarfile.TarInfo(name)
+            member.size = len(data)
+            tar.addfile(member, io.BytesIO(data))
+    bucket_key = f"{plan.output_uri}{plan.job_name}/output/model.tar.gz"[len(f"s3://{s3env.bucket}/"):]
+    s3env.client.put_object(Bucket=s3env.bucket, Key=bucket_key, Body=buffer.getvalue())
+
+
+def test_plan_builds_a_valid_training_job_request(s3env, onnx_artifact, tmp_path):
+    import botocore.session
+    from botocore.validate import validate_parameters
+
+    plan, artifact, _ = _plan(s3env, onnx_artifact, tmp_path)
+    request = plan.create_training_job
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    validate_parameters(request, model.operation_model("CreateTrainingJob").input_shape)
+    assert request["ResourceConfig"]["InstanceType"] == "ml.g5.2xlarge"
+    release = artifact.manifest.triton["target"]["release"]
+    assert request["AlgorithmSpecification"]["TrainingImage"].endswith(f"/sagemaker-tritonserver:{release}-py3")
+    assert request["AlgorithmSpecification"]["ContainerEntrypoint"] == ["python3", "/opt/ml/input/data/code/trt_build_entry.py"]
+    channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in request["InputDataConfig"]}
+    assert channels == {"model": plan.input_uri, "code": plan.code_uri}
+    assert plan.input_uri.startswith(f"s3://{s3env.bucket}/work/compile/{plan.job_base}/")
+    assert plan.build_config["shapes"] == {
+        "min": {"pixel_values": [1, 3, 160, 160]}, "opt": {"pixel_values": [8, 3, 160, 160]}, "max": {"pixel_values": [16, 3, 160, 160]}}
+    assert plan.job_name == plan.job_base + "-1" and len(plan.job_name) <= 63
+    assert s3env.calls.writes == 0, "planning writes nothing"
+
+
+def test_dynamic_axes_take_their_maximum_from_the_manifest():
+    class Manifest:
+        inputs = ({"name": "input_ids", "dims": [-1], "axes": ["sequence"]},
+                  {"name": "attention_mask", "dims": [-1], "axes": ["sequence"]})
+        details = {"axes_max": {"sequence": 128}}
+
+    shapes = remote.profile_shapes(Manifest, 16)
+    assert shapes["min"]["input_ids"] == [1, 1] and shapes["opt"]["input_ids"] == [8, 128] and shapes["max"]["attention_mask"] == [16, 128]
+    assert trt_build_entry.shape_arg(shapes["max"]) == "input_ids:16x128,attention_mask:16x128"
+    Manifest.details = {}
+    with pytest.raises(AwsError, match="without a known maximum"):
+        remote.profile_shapes(Manifest, 16)
+
+
+def test_compile_runs_the_job_and_writes_the_tensorrt_artifact(s3env, onnx_artifact, tmp_path, stubbed, fake_clock):
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from packager.compat import check_plan_compatible
+    from packager.manifest import Manifest
+
+    plan, artifact, store = _plan(s3env, onnx_artifact, tmp_path)
+    expected_trt = triton_release(plan.release).tensorrt or "10.4.0"
+    _job_output(s3env, plan, {"builder": "trtexec", "tensorrt": expected_trt, "gpu": "NVIDIA A10G", "compute_capability": "8.6"})
+    sm, stub = stubbed("sagemaker")
+    stub.add_client_error("describe_training_job", service_error_code="ValidationException", http_status_code=400,
+                          service_message="Requested resource not found.", expected_params={"TrainingJobName": plan.job_name})
+    stub.add_response("create_training_job", {"TrainingJobArn": "arn:aws:sagemaker:us-east-1:123456789012:training-job/x"},
+                      plan.create_training_job)
+    for status, secondary in (("InProgress", "Starting"), ("InProgress", "Training"), ("Completed", "Completed")):
+        extra = {"TrainingTimeInSeconds": 312} if status == "Completed" else {}
+        stub.add_response("describe_training_job", _job(plan, status, secondary, **extra), {"TrainingJobName": plan.job_name})
+    clock = fake_clock()
+    out = remote.run_compile(plan, artifact, sm, s3env.client, store, Reporter(quiet=True), poll_s=30,
+                             sleep=clock.sleep, clock=clock.clock)
+    stub.assert_no_pending_responses()
+    assert out == onnx_artifact.parent / "tensorrt" and clock.sleeps == [30, 30]
+
+    # inputs went up with their sha256 (a re-run skips them)
+    head = s3env.client.head_object(Bucket=s3env.bucket, Key=f"work/compile/{plan.job_base}/input/model.onnx")
+    assert head["Metadata"]["sha256"] == artifact.sha256
+    config_key = f"work/compile/{plan.job_base}/code/build_config.json"
+    assert json.loads(s3env.client.get_object(Bucket=s3env.bucket, Key=config_key)["Body"].read()) == plan.build_config
+
+    manifest = Manifest.load(out)
+    assert manifest.format == "tensorrt" and manifest.versions["tensorrt"] == expected_trt
+    assert manifest.details["gpu"] == "NVIDIA A10G" and manifest.details["compute_capability"] == "8.6"
+    assert manifest.details["built_on"] == "ml.g5.2xlarge" and manifest.details["training_job"] == plan.job_name
+    assert manifest.triton["platform"] == "tensorrt_plan" and manifest.timings_s == {"compile_job": 312.0}
+    check_plan_compatible(manifest, triton_release(plan.release))
+    config = text_format.Parse((out / "test_resnet" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert config.platform == "tensorrt_plan" and not config.backend and config.max_batch_size == 16
+    assert [i.name for i in config.input] == ["pixel_values"] and config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
+    with tarfile.open(out / "test_resnet.tar.gz") as tar:
+        assert sorted(tar.getnames()) == ["test_resnet", "test_resnet/1", "test_resnet/1/model.plan", "test_resnet/config.pbtxt"]
+    recorded = {f.path for f in manifest.files}
+    assert {"test_resnet/1/model.plan", "test_resnet.tar.gz", "sample_request.json"} <= recorded
+    state = json.loads(plan.state_path.read_text())
+    assert state["jobs"] == [{"name": plan.job_name, "attempt": 1, "status": "downloaded"}]
+
+
+def test_failed_job_reports_its_reason_and_retry_starts_a_new_one(s3env, onnx_artifact, tmp_path, stubbed, fake_clock):
+    plan, artifact, store = _plan(s3env, onnx_artifact, tmp_path)
+    sm, stub = stubbed("sagemaker")
+    stub.add_client_error("describe_training_job", service_error_code="ValidationException", http_status_code=400,
+                          service_message="Requested resource not found.")
+    stub.add_response("create_training_job", {"TrainingJobArn": "arn:aws:sagemaker:us-east-1:123456789012:training-job/x"})
+    reason = "AlgorithmError: neither trtexec nor the TensorRT Python module is available in this image"
+    stub.add_response("describe_training_job", _job(plan, "Failed", "Failed", FailureReason=reason))
+    clock = fake_clock()
+    with pytest.raises(CompileFailed) as caught:
+        remote.run_compile(plan, artifact, sm, s3env.client, store, Reporter(quiet=True), sleep=clock.sleep, clock=clock.clock)
+    assert reason in str(caught.value) and "--retry" in str(caught.value)
+    assert not (onnx_artifact.parent / "tensorrt").exists()
+
+    again, _, _ = _plan(s3env, onnx_artifact, tmp_path)
+    assert again.job_name == plan.job_name, "without --retry the same (failed) job is looked at"
+    retry, _, _ = _plan(s3env, onnx_artifact, tmp_path, retry=True)
+    assert retry.job_name == plan.job_base + "-2"
+
+
+def test_compile_refuses_other_formats_and_bad_instance_types(artifact, onnx_artifact, s3env, tmp_path, run_cli):
+    code, out, err = run_cli("compile", "--on", "sagemaker", "--instance-type", "ml.g5.2xlarge", "--artifact",
+                             str(artifact.parent / "torchscript-missing"), "--s3", f"s3://{s3env.bucket}/w", "--role", ROLE)
+    assert code == 2 and "does not exist" in err
+    code, out, err = run_cli("compile", "--on", "sagemaker", "--instance-type", "ml.g5.2xlargeX", "--artifact",
+                             str(onnx_artifact), "--s3", f"s3://{s3env.bucket}/w", "--role", ROLE)
+    assert code == 2 and "training jobs" in err
+    code, out, err = run_cli("compile", "--on", "sagemaker", "--instance-type", "ml.g5.2xlarge", "--artifact",
+                             str(onnx_artifact), "--s3", f"s3://{s3env.bucket}/w", "--role", ROLE, "--dry-run",
+                             "--endpoint-url", s3env.url, "--state-dir", str(tmp_path / "st"))
+    assert code == 0, err
+    assert "CreateTrainingJob:" in out and out.splitlines()[-1] == "dry run: nothing was uploaded or started"
+    assert s3env.keys() == [] and not (tmp_path / "st").exists()
+
+
+FAKE_TRTEXEC = """#!/bin/sh
+for arg in "$@"; do
+  case "$arg" in --saveEngine=*) out="${arg#--saveEngine=}";; esac
+done
+printf 'PLAN' > "$out"
+echo "&&&& RUNNING TensorRT.trtexec [TensorRT v100400]"
+echo "[I] TensorRT version: 10.4.0"
+"""
+
+
+def _entry_config(tmp_path: Path, **extra) -> Path:
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "model.onnx").write_bytes(b"onnx")
+    config = {"onnx": "model.onnx", "model_channel": str(tmp_path / "in"), "model_dir": str(tmp_path / "model"),
+              "output_dir": str(tmp_path / "out"), "precision": "fp16", "workspace_mib": 2048,
+              "shapes": {"min": {"x": [1, 3]}, "opt": {"x": [4, 3]}, "max": {"x": [8, 3]}}, **extra}
+    path = tmp_path / "build_config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def test_entry_script_builds_with_trtexec_and_records_the_build(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "trtexec").write_text(FAKE_TRTEXEC)
+    (bin_dir / "trtexec").chmod(0o755)
+    config = _entry_config(tmp_path)
+    env = dict(os.environ, PATH=f"{bin_dir}:/usr/bin:/bin")
+    proc = subprocess.run([sys.executable, trt_build_entry.__file__, str(config)], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads((tmp_path / "model" / "build_info.json").read_text())
+    assert (tmp_path / "model" / "model.plan").read_bytes() == b"PLAN"
+    assert info["builder"] == "trtexec" and info["tensorrt"] == "10.4.0" and info["precision"] == "fp16"
+    assert info["command"][1:] == [f"--onnx={tmp_path}/in/model.onnx", f"--saveEngine={tmp_path}/model/model.plan",
+                                   "--minShapes=x:1x3", "--optShapes=x:4x3", "--maxShapes=x:8x3",
+                                   "--memPoolSize=workspace:2048M", "--fp16"]
+    assert "gpu" in info and not (tmp_path / "out" / "failure").exists()
+
+
+def test_entry_script_without_a_builder_writes_the_failure_reason(tmp_path):
+    config = _entry_config(tmp_path, allow_pip=False)
+    env = dict(os.environ, PATH=f"{tmp_path}/empty-bin")
+    proc = subprocess.run([sys.executable, trt_build_entry.__file__, str(config)], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "neither trtexec nor the TensorRT Python module" in (tmp_path / "out" / "failure").read_text()
+
+
+def test_trtexec_version_parsing():
+    assert trt_build_entry.version_from_trtexec_output("[TensorRT v8501] # trtexec") == "8.5.1"
+    assert trt_build_entry.version_from_trtexec_output("[TensorRT v100400]") == "10.4.0"
+    assert trt_build_entry.version_from_trtexec_output("[I] TensorRT version: 8.5.0\n") == "8.5.0"
+    assert trt_build_entry.version_from_trtexec_output("nothing") is None

@@ -1,0 +1,313 @@
+"""mme deploy / mme delete: requests checked by botocore's Stubber against the SageMaker
+service model, S3 on the moto server, state files, the wait loop, Ctrl-C and clean-up."""
+
+from __future__ import annotations
+
+import io
+import json
+from datetime import datetime, timezone
+
+import pytest
+
+from mme.progress import Reporter
+from serving.aws import deploy
+from serving.aws.errors import AwsError, CredentialsError, DeployError, EndpointFailed, Interrupted, S3Error, WaitTimeout
+from serving.aws.session import boto3_session
+from serving.aws.state import DeploymentStore
+
+ROLE = "arn:aws:iam::123456789012:role/SageMakerExecution"
+ARN = "arn:aws:sagemaker:us-east-1:123456789012"
+NOW = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
+
+
+@pytest.fixture
+def pushed(s3env):
+    """Three tarballs under s3://<bucket>/mme/r/ as 'mme push --copies 2' leaves them."""
+    for name in ("r50.tar.gz", "r50-v1.tar.gz", "r50-v2.tar.gz"):
+        s3env.client.put_object(Bucket=s3env.bucket, Key=f"mme/r/{name}", Body=b"tarball",
+                                Metadata={"sha256": "x", "mme-model": "r50", "mme-format": "onnx", "mme-triton-release": "22.10"})
+    return f"s3://{s3env.bucket}/mme/r"
+
+
+def _plan(s3env, uri, tmp_path, **overrides):
+    request = deploy.DeployRequest(s3=uri, instance_type="ml.g5.2xlarge", role_arn=ROLE, state_dir=tmp_path / "state", **overrides)
+    return deploy.plan_deploy(request, boto3_session(), s3env.client, Reporter(quiet=True))
+
+
+def _not_found(stub, method, kind, name, params):
+    stub.add_client_error(method, service_error_code="ValidationException", http_status_code=400,
+                          service_message=f'Could not find {kind} "{ARN}:{kind.replace(" ", "-")}/{name}".', expected_params=params)
+
+
+def _endpoint(status, name="mme-r", config="mme-r-config", **extra):
+    return {"EndpointName": name, "EndpointArn": f"{ARN}:endpoint/{name}", "EndpointConfigName": config,
+            "EndpointStatus": status, "CreationTime": NOW, "LastModifiedTime": NOW, **extra}
+
+
+def _expect_creates(stub, plan):
+    _not_found(stub, "describe_model", "model", plan.model, {"ModelName": plan.model})
+    stub.add_response("create_model", {"ModelArn": f"{ARN}:model/{plan.model}"}, plan.create_model)
+    _not_found(stub, "describe_endpoint_config", "endpoint configuration", plan.endpoint_config,
+               {"EndpointConfigName": plan.endpoint_config})
+    stub.add_response("create_endpoint_config", {"EndpointConfigArn": f"{ARN}:endpoint-config/{plan.endpoint_config}"},
+                      plan.create_endpoint_config)
+    _not_found(stub, "describe_endpoint", "endpoint", plan.endpoint, {"EndpointName": plan.endpoint})
+    stub.add_response("create_endpoint", {"EndpointArn": f"{ARN}:endpoint/{plan.endpoint}"}, plan.create_endpoint)
+
+
+def test_plan_uses_the_mme_contract_and_the_image_table(s3env, pushed, tmp_path):
+    plan = _plan(s3env, pushed, tmp_path)
+    container = plan.create_model["PrimaryContainer"]
+    assert container["Mode"] == "MultiModel" and container["ModelDataUrl"] == pushed + "/"
+    assert "Environment" not in container, "an MME needs no default model name"
+    # release 22.10 (from the objects' metadata): the account the articles' notebooks used
+    assert container["Image"] == "785573368785.dkr.ecr.us-east-1.amazonaws.com/sagemaker-tritonserver:22.10-py3"
+    assert (plan.endpoint, plan.endpoint_config, plan.model) == ("mme-r", "mme-r-config", "mme-r-model")
+
+    single = _plan(s3env, pushed, tmp_path, mode="single", target="r50.tar.gz", image_uri="1.dkr.ecr.us-east-1.amazonaws.com/x:1")
+    container = single.create_model["PrimaryContainer"]
+    assert container["Mode"] == "SingleModel" and container["ModelDataUrl"] == pushed + "/r50.tar.gz"
+    assert container["Environment"] == {"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "r50"}
+    assert container["Image"] == "1.dkr.ecr.us-east-1.amazonaws.com/x:1"
+
+    # r50-v1/v2 are copies: the one base tarball is found without --target
+    picked = _plan(s3env, pushed, tmp_path, mode="single", image_uri="1.dkr.ecr.us-east-1.amazonaws.com/x:1")
+    assert picked.model_data_url == pushed + "/r50.tar.gz" and picked.endpoint == "mme-r50"
+
+
+def test_deploy_waits_from_creating_to_in_service(s3env, pushed, tmp_path, stubbed, fake_clock):
+    plan = _plan(s3env, pushed, tmp_path)
+    sm, stub = stubbed("sagemaker")
+    _expect_creates(stub, plan)
+    for status in ("Creating", "Creating", "InService"):
+        stub.add_response("describe_endpoint", _endpoint(status), {"EndpointName": "mme-r"})
+    clock = fake_clock()
+    stream = io.StringIO()
+    store = DeploymentStore(tmp_path / "state")
+    state = deploy.run_deploy(plan, sm, store, Reporter(stream=stream), timeout_s=600, poll_s=20,
+                              sleep=clock.sleep, clock=clock.clock)
+    stub.assert_no_pending_responses()
+    assert state.status == "InService" and clock.sleeps == [20, 20]
+    saved = json.loads(store.path("mme-r").read_text())
+    assert saved["status"] == "InService"
+    assert [(r["kind"], r["status"]) for r in saved["resources"]] == [
+        ("model", "created"), ("endpoint-config", "created"), ("endpoint", "created")]
+    assert "testing" not in store.path("mme-r").read_text(), "no credentials in the state file"
+    progress = stream.getvalue()
+    assert "mme-r: Creating (0 s)" in progress and "mme-r: InService (40 s)" in progress
+
+
+def test_failed_endpoint_reports_its_failure_reason(s3env, pushed, tmp_path, stubbed, fake_clock):
+    plan = _plan(s3env, pushed, tmp_path)
+    sm, stub = stubbed("sagemaker")
+    _expect_creates(stub, plan)
+    reason = "The primary container for production variant AllTraffic did not pass the ping health check."
+    stub.add_response("describe_endpoint", _endpoint("Creating"), {"EndpointName": "mme-r"})
+    stub.add_response("describe_endpoint", _endpoint("Failed", FailureReason=reason), {"EndpointName": "mme-r"})
+    clock = fake_clock()
+    store = DeploymentStore(tmp_path / "state")
+    with pytest.raises(EndpointFailed) as caught:
+        deploy.run_deploy(plan, sm, store, Reporter(quiet=True), sleep=clock.sleep, clock=clock.clock)
+    assert reason in str(caught.value) and "mme delete --endpoint mme-r" in str(caught.value)
+    assert caught.value.exit_code == 3
+    saved = store.load("mme-r")
+    assert saved.status == "Failed" and reason in saved.failure_reason
+
+
+def test_wait_gives_up_after_the_timeout(s3env, pushed, tmp_path, stubbed, fake_clock):
+    sm, stub = stubbed("sagemaker")
+    for _ in range(3):
+        stub.add_response("describe_endpoint", _endpoint("Creating"), {"EndpointName": "mme-r"})
+    clock = fake_clock()
+    with pytest.raises(WaitTimeout, match="still Creating"):
+        deploy.wait_for_endpoint(sm, "mme-r", 100, 40, Reporter(quiet=True), clock.sleep, clock.clock)
+    assert clock.sleeps == [40, 40]
+
+
+def test_ctrl_c_while_waiting_leaves_a_state_file_and_delete_cleans_up(s3env, pushed, tmp_path, stubbed, fake_clock):
+    plan = _plan(s3env, pushed, tmp_path)
+    sm, stub = stubbed("sagemaker")
+    _expect_creates(stub, plan)
+    stub.add_response("describe_endpoint", _endpoint("Creating"), {"EndpointName": "mme-r"})
+
+    def ctrl_c(_count):
+        raise KeyboardInterrupt
+
+    clock = fake_clock(on_sleep=ctrl_c)
+    store = DeploymentStore(tmp_path / "state")
+    with pytest.raises(Interrupted) as caught:
+        deploy.run_deploy(plan, sm, store, Reporter(quiet=True), sleep=clock.sleep, clock=clock.clock)
+    assert caught.value.exit_code == 130 and "mme delete --endpoint mme-r" in str(caught.value)
+    saved = store.load("mme-r")
+    assert saved.status == "interrupted" and all(r.status == "created" for r in saved.resources)
+    stub.assert_no_pending_responses()
+
+    delete_plan = deploy.plan_delete("mme-r", sm, "us-east-1", saved, False, None, store.path("mme-r"))
+    assert delete_plan.resources == (("endpoint", "mme-r"), ("endpoint-config", "mme-r-config"), ("model", "mme-r-model"))
+    stub.add_response("delete_endpoint", {}, {"EndpointName": "mme-r"})
+    stub.add_response("delete_endpoint_config", {}, {"EndpointConfigName": "mme-r-config"})
+    stub.add_response("delete_model", {}, {"ModelName": "mme-r-model"})
+    outcome = deploy.run_delete(delete_plan, sm, None, store, Reporter(quiet=True))
+    stub.assert_no_pending_responses()
+    assert set(outcome.values()) == {"deleted"}
+    assert not store.path("mme-r").exists()
+
+
+def test_ctrl_c_inside_a_create_call_leaves_it_listed_and_delete_tolerates_it_missing(s3env, pushed, tmp_path, stubbed):
+    plan = _plan(s3env, pushed, tmp_path)
+    sm, stub = stubbed("sagemaker")
+    _not_found(stub, "describe_model", "model", plan.model, {"ModelName": plan.model})
+    stub.add_response("create_model", {"ModelArn": f"{ARN}:model/{plan.model}"}, plan.create_model)
+    _not_found(stub, "describe_endpoint_config", "endpoint configuration", plan.endpoint_config,
+               {"EndpointConfigName": plan.endpoint_config})
+
+    stub.add_response("create_endpoint_config", {"EndpointConfigArn": f"{ARN}:endpoint-config/x"}, plan.create_endpoint_config)
+
+    def interrupt(**_kwargs):
+        raise KeyboardInterrupt  # Ctrl-C while the (validated) request is on its way
+
+    sm.meta.events.register("before-parameter-build.sagemaker.CreateEndpointConfig", interrupt)
+    store = DeploymentStore(tmp_path / "state")
+    with pytest.raises(Interrupted):
+        deploy.run_deploy(plan, sm, store, Reporter(quiet=True))
+    saved = store.load("mme-r")
+    assert [(r.kind, r.status) for r in saved.resources] == [
+        ("model", "created"), ("endpoint-config", "requested"), ("endpoint", "planned")]
+
+    sm, stub = stubbed("sagemaker")  # a fresh client for the clean-up
+    delete_plan = deploy.plan_delete("mme-r", sm, "us-east-1", saved, False, None, store.path("mme-r"))
+    _not_found(stub, "delete_endpoint", "endpoint", "mme-r", {"EndpointName": "mme-r"})
+    _not_found(stub, "delete_endpoint_config", "endpoint configuration", "mme-r-config", {"EndpointConfigName": "mme-r-config"})
+    stub.add_response("delete_model", {}, {"ModelName": "mme-r-model"})
+    outcome = deploy.run_delete(delete_plan, sm, None, store, Reporter(quiet=True))
+    assert outcome == {"endpoint mme-r": "not found", "endpoint-config mme-r-config": "not found", "model mme-r-model": "deleted"}
+    assert not store.path("mme-r").exists()
+
+
+def test_running_deploy_again_carries_on_without_creating_twice(s3env, pushed, tmp_path, stubbed, fake_clock):
+    plan = _plan(s3env, pushed, tmp_path)
+    sm, stub = stubbed("sagemaker")
+    container = plan.create_model["PrimaryContainer"]
+    stub.add_response("describe_model", {"ModelName": plan.model, "ModelArn": f"{ARN}:model/{plan.model}",
+                                         "CreationTime": NOW, "PrimaryContainer": container}, {"ModelName": plan.model})
+    stub.add_response("describe_endpoint_config", {
+        "EndpointConfigName": plan.endpoint_config, "EndpointConfigArn": f"{ARN}:endpoint-config/x", "CreationTime": NOW,
+        "ProductionVariants": plan.create_endpoint_config["ProductionVariants"]}, {"EndpointConfigName": plan.endpoint_config})
+    stub.add_response("describe_endpoint", _endpoint("Creating"), {"EndpointName": "mme-r"})
+    stub.add_response("describe_endpoint", _endpoint("InService"), {"EndpointName": "mme-r"})
+    clock = fake_clock()
+    state = deploy.run_deploy(plan, sm, DeploymentStore(tmp_path / "state"), Reporter(quiet=True),
+                              sleep=clock.sleep, clock=clock.clock)
+    stub.assert_no_pending_responses()  # no create_* call was stubbed: none was made
+    assert state.status == "InService" and {r.status for r in state.resources} == {"existing"}
+
+
+def test_existing_model_with_other_data_is_a_conflict(s3env, pushed, tmp_path, stubbed):
+    plan = _plan(s3env, pushed, tmp_path)
+    sm, stub = stubbed("sagemaker")
+    other = dict(plan.create_model["PrimaryContainer"], ModelDataUrl="s3://other/prefix/")
+    stub.add_response("describe_model", {"ModelName": plan.model, "ModelArn": f"{ARN}:model/{plan.model}",
+                                         "CreationTime": NOW, "PrimaryContainer": other}, {"ModelName": plan.model})
+    with pytest.raises(DeployError, match="already exists with ModelDataUrl s3://other/prefix/"):
+        deploy.run_deploy(plan, sm, DeploymentStore(tmp_path / "state"), Reporter(quiet=True))
+
+
+@pytest.mark.parametrize("option,value,message", [
+    ("--instance-type", "ml.g5.2xl", "is not an instance type SageMaker knows for endpoints; did you mean ml.g5.2xlarge"),
+    ("--instance-type", "g5.2xlarge", "is not an instance type SageMaker knows"),
+    ("--role", "SageMakerExecution", "is not an IAM role ARN"),
+    ("--role", "arn:aws:iam::12345:role/x", "is not an IAM role ARN"),
+])
+def test_bad_instance_type_or_role_rejected_before_any_call(run_cli, aws_env, monkeypatch, tmp_path, option, value, message):
+    import boto3
+
+    created = []
+    monkeypatch.setattr(boto3.session.Session, "client", lambda self, service, *a, **k: created.append(service))
+    args = {"--instance-type": "ml.g5.2xlarge", "--role": ROLE, option: value}
+    code, out, err = run_cli("deploy", "--s3", "s3://bucket/prefix", "--state-dir", str(tmp_path / "s"),
+                             *[x for pair in args.items() for x in pair])
+    assert code == 2 and message in err and err.count("\n") == 1 and "Traceback" not in err
+    assert created == [] and out == "" and not (tmp_path / "s").exists()
+
+
+def test_missing_credentials_region_and_bucket_are_clear_errors(s3env, pushed, tmp_path, monkeypatch, stubbed):
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    with pytest.raises(CredentialsError, match="no AWS credentials found"):
+        _plan(s3env, pushed, tmp_path)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.delenv("AWS_DEFAULT_REGION")
+    with pytest.raises(CredentialsError, match="no AWS region"):
+        _plan(s3env, pushed, tmp_path)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    with pytest.raises(S3Error, match="does not exist; create it"):
+        _plan(s3env, "s3://no-such-bucket-here/p", tmp_path)
+    with pytest.raises(S3Error, match="no .tar.gz under"):
+        _plan(s3env, f"s3://{s3env.bucket}/empty", tmp_path)
+
+    s3, s3stub = stubbed("s3")
+    s3stub.add_client_error("head_bucket", service_error_code="403", service_message="Forbidden", http_status_code=403)
+    request = deploy.DeployRequest(s3="s3://someone-elses/p", instance_type="ml.g5.2xlarge", role_arn=ROLE)
+    with pytest.raises(S3Error, match="belongs to another account"):
+        deploy.plan_deploy(request, boto3_session(), s3, Reporter(quiet=True))
+
+
+def test_delete_without_state_tolerates_everything_missing_and_runs_twice(stubbed, tmp_path):
+    sm, stub = stubbed("sagemaker")
+    store = DeploymentStore(tmp_path / "state")
+    for _ in range(2):
+        _not_found(stub, "describe_endpoint", "endpoint", "gone", {"EndpointName": "gone"})
+        plan = deploy.plan_delete("gone", sm, "us-east-1", None, False, None, store.path("gone"))
+        assert plan.resources == (("endpoint", "gone"), ("endpoint-config", "gone-config"), ("model", "gone-model"))
+        _not_found(stub, "delete_endpoint", "endpoint", "gone", {"EndpointName": "gone"})
+        _not_found(stub, "delete_endpoint_config", "endpoint configuration", "gone-config", {"EndpointConfigName": "gone-config"})
+        _not_found(stub, "delete_model", "model", "gone-model", {"ModelName": "gone-model"})
+        outcome = deploy.run_delete(plan, sm, None, store, Reporter(quiet=True))
+        assert set(outcome.values()) == {"not found"}
+    stub.assert_no_pending_responses()
+
+
+def test_delete_follows_the_endpoint_when_there_is_no_state(stubbed, tmp_path):
+    sm, stub = stubbed("sagemaker")
+    stub.add_response("describe_endpoint", _endpoint("InService", name="ep", config="cfg-1"), {"EndpointName": "ep"})
+    stub.add_response("describe_endpoint_config", {
+        "EndpointConfigName": "cfg-1", "EndpointConfigArn": f"{ARN}:endpoint-config/cfg-1", "CreationTime": NOW,
+        "ProductionVariants": [{"VariantName": "AllTraffic", "ModelName": "model-1"}]}, {"EndpointConfigName": "cfg-1"})
+    plan = deploy.plan_delete("ep", sm, "us-east-1", None, False, None, tmp_path / "ep.json")
+    assert plan.resources == (("endpoint", "ep"), ("endpoint-config", "cfg-1"), ("model", "model-1"))
+
+
+def test_delete_s3_removes_the_prefix_and_refuses_the_bucket_root(s3env, pushed, tmp_path, stubbed, fake_clock):
+    plan = _plan(s3env, pushed, tmp_path)
+    store = DeploymentStore(tmp_path / "state")
+    store.save(plan.new_state())
+    s3env.client.put_object(Bucket=s3env.bucket, Key="other/keep.tar.gz", Body=b"x")
+    sm, stub = stubbed("sagemaker")
+    delete_plan = deploy.plan_delete("mme-r", sm, "us-east-1", store.load("mme-r"), True, None, store.path("mme-r"))
+    assert delete_plan.s3_uri == pushed + "/"
+    for method, param, name in (("delete_endpoint", "EndpointName", "mme-r"), ("delete_endpoint_config", "EndpointConfigName", "mme-r-config"),
+                                ("delete_model", "ModelName", "mme-r-model")):
+        stub.add_response(method, {}, {param: name})
+    outcome = deploy.run_delete(delete_plan, sm, s3env.client, store, Reporter(quiet=True))
+    assert outcome[pushed + "/"] == "3 objects deleted"
+    assert s3env.keys() == ["other/keep.tar.gz"]
+    with pytest.raises(DeployError, match="refuses to empty the whole bucket"):
+        deploy.plan_delete("mme-r", sm, "us-east-1", None, True, f"s3://{s3env.bucket}", store.path("mme-r"))
+
+
+def test_single_mode_rejects_a_multi_prefix_without_a_choice(s3env, tmp_path):
+    for name in ("a.tar.gz", "b.tar.gz"):
+        s3env.client.put_object(Bucket=s3env.bucket, Key=f"two/{name}", Body=b"x")
+    with pytest.raises(DeployError, match="pass --target"):
+        _plan(s3env, f"s3://{s3env.bucket}/two", tmp_path, mode="single", image_uri="1.dkr.ecr.us-east-1.amazonaws.com/x:1")
+    with pytest.raises(DeployError, match="names one tarball"):
+        deploy.check_request(deploy.DeployRequest(s3=f"s3://{s3env.bucket}/two/a.tar.gz", instance_type="ml.g5.2xlarge", role_arn=ROLE))
+
+
+def test_unknown_region_for_the_image_asks_for_image_uri():
+    from serving.aws.images import triton_image_uri
+
+    with pytest.raises(AwsError, match="pass --image-uri"):
+        triton_image_uri("mars-north-1", "24.09")
+    assert triton_image_uri("cn-north-1", "24.09").endswith(".amazonaws.com.cn/sagemaker-tritonserver:24.09-py3")

@@ -1,0 +1,222 @@
+"""mme push against a real S3 server (moto over HTTP): one upload, server-side copies,
+skip-unchanged, random-weights refusal, dry run, interrupted multipart uploads, verification."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from mme.fsutil import sha256_of
+from mme.progress import Reporter
+from serving.aws.errors import RandomWeightsRefused, VerificationError
+from serving.aws.images import triton_image_uri
+from serving.aws.s3push import PushHooks, PushRequest, TransferSettings, push
+from serving.aws.session import S3Uri
+
+MIB = 1 << 20
+SMALL_PARTS = TransferSettings(multipart_threshold=5 * MIB, multipart_chunksize=5 * MIB, max_concurrency=2)
+
+
+def _push(s3env, artifact: Path, prefix: str = "models/r", *, copies: int = 0, allow: bool = True, dry: bool = False,
+          settings: TransferSettings = TransferSettings(), hooks: PushHooks = PushHooks(), lines: list | None = None, reporter=None):
+    request = PushRequest(artifact, S3Uri.parse(f"s3://{s3env.bucket}/{prefix}"), copies, allow, dry, settings)
+    out = lines.append if lines is not None else (lambda _line: None)
+    return push(s3env.client, request, reporter or Reporter(quiet=True), hooks, out)
+
+
+def test_push_uploads_once_and_makes_copies_server_side(s3env, artifact):
+    result = _push(s3env, artifact, copies=3)
+    assert s3env.calls.bodies == 1, "the tarball's bytes went up once"
+    assert s3env.calls.copies == 3, "each copy is a server-side CopyObject"
+    names = ["test_resnet.tar.gz"] + [f"test_resnet-v{i}.tar.gz" for i in (1, 2, 3)]
+    assert s3env.keys("models/r/") == sorted(f"models/r/{n}" for n in names)
+    sha = sha256_of(artifact / "test_resnet.tar.gz")
+    for name in names:
+        head = s3env.client.head_object(Bucket=s3env.bucket, Key=f"models/r/{name}")
+        assert head["Metadata"]["sha256"] == sha
+        assert head["ContentLength"] == (artifact / "test_resnet.tar.gz").stat().st_size
+    body = s3env.client.get_object(Bucket=s3env.bucket, Key="models/r/test_resnet-v2.tar.gz")["Body"].read()
+    assert body == (artifact / "test_resnet.tar.gz").read_bytes()
+    assert len(result.verified) == 4
+
+
+def test_second_push_writes_nothing_and_changed_artifact_reuploads(s3env, artifact, change_tarball):
+    _push(s3env, artifact, copies=2)
+    s3env.calls.names.clear()
+    lines: list[str] = []
+    second = _push(s3env, artifact, copies=2, lines=lines)
+    assert s3env.calls.writes == 0
+    assert len(second.skipped) == 3 and not second.uploaded and not second.copied
+    assert "nothing to write" in lines[-1]
+
+    change_tarball(artifact, (artifact / "test_resnet.tar.gz").read_bytes() + b"changed")
+    s3env.calls.names.clear()
+    third = _push(s3env, artifact, copies=2)
+    assert s3env.calls.bodies == 1 and s3env.calls.copies == 2
+    assert len(third.uploaded) == 1 and len(third.copied) == 2
+    head = s3env.client.head_object(Bucket=s3env.bucket, Key="models/r/test_resnet-v2.tar.gz")
+    assert head["Metadata"]["sha256"] == sha256_of(artifact / "test_resnet.tar.gz")
+
+
+def test_random_weights_refused_unless_allowed(s3env, artifact, run_cli):
+    with pytest.raises(RandomWeightsRefused, match="--allow-random-weights"):
+        _push(s3env, artifact, allow=False)
+    assert s3env.keys() == []
+
+    code, out, err = run_cli("push", str(artifact), "--s3", f"s3://{s3env.bucket}/m", "--endpoint-url", s3env.url)
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("mme: error:") and "random weights" in err
+    assert "Traceback" not in err and s3env.keys() == []
+
+    code, out, err = run_cli("push", str(artifact), "--s3", f"s3://{s3env.bucket}/m", "--endpoint-url", s3env.url,
+                             "--allow-random-weights", "--copies", "1")
+    assert code == 0, err
+    assert s3env.keys() == [f"m/test_resnet-v1.tar.gz", f"m/test_resnet.tar.gz"]
+    assert "random weights" in err  # the override is loud
+
+
+def test_dry_run_prints_the_plan_and_writes_nothing(s3env, artifact):
+    lines: list[str] = []
+    _push(s3env, artifact, copies=2, dry=True, lines=lines)
+    assert s3env.calls.writes == 0 and s3env.keys() == []
+    base = f"s3://{s3env.bucket}/models/r"
+    assert lines[1] == f"  upload  {base}/test_resnet.tar.gz  ({(artifact / 'test_resnet.tar.gz').stat().st_size} bytes, new)"
+    assert lines[2] == f"  copy    {base}/test_resnet-v1.tar.gz  <- {base}/test_resnet.tar.gz  (server-side, new)"
+    assert lines[3] == f"  copy    {base}/test_resnet-v2.tar.gz  <- {base}/test_resnet.tar.gz  (server-side, new)"
+    assert lines[-1] == "dry run: nothing was written"
+
+    _push(s3env, artifact, copies=1)
+    s3env.calls.names.clear()
+    lines.clear()
+    _push(s3env, artifact, copies=2, dry=True, lines=lines)
+    assert [line.split()[0] for line in lines[1:4]] == ["skip", "skip", "copy"]
+    assert s3env.calls.writes == 0
+
+
+def _big_artifact(artifact: Path, change_tarball, size: int = 11 * MIB) -> Path:
+    change_tarball(artifact, os.urandom(size))
+    return artifact
+
+
+def test_failed_multipart_upload_leaves_no_object_and_no_pending_upload(s3env, artifact, change_tarball):
+    _big_artifact(artifact, change_tarball)
+
+    def fail_midway(key: str, done: int) -> None:
+        if done > 5 * MIB:
+            raise RuntimeError("injected network failure")
+
+    with pytest.raises(RuntimeError, match="injected"):
+        _push(s3env, artifact, copies=2, settings=SMALL_PARTS, hooks=PushHooks(on_progress=fail_midway))
+    assert s3env.calls.count("CreateMultipartUpload") == 1
+    assert s3env.keys() == []
+    assert s3env.pending_uploads() == []
+
+
+def test_ctrl_c_during_multipart_upload_leaves_nothing(s3env, artifact, change_tarball):
+    _big_artifact(artifact, change_tarball)
+    sent = []
+
+    def ctrl_c(key: str, done: int) -> None:
+        if done > 5 * MIB and not sent:
+            sent.append(done)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt):
+        _push(s3env, artifact, settings=SMALL_PARTS, hooks=PushHooks(on_progress=ctrl_c))
+    assert sent
+    assert s3env.keys() == []
+    assert s3env.pending_uploads() == []
+
+
+def test_large_upload_is_multipart_with_progress_lines(s3env, artifact, change_tarball):
+    import io
+
+    _big_artifact(artifact, change_tarball)
+    stream = io.StringIO()
+    result = _push(s3env, artifact, settings=SMALL_PARTS, reporter=Reporter(stream=stream))
+    assert s3env.calls.count("UploadPart") == 3 and s3env.calls.count("PutObject") == 0
+    progress = [line for line in stream.getvalue().splitlines() if "%" in line]
+    assert progress and "uploading models/r/test_resnet.tar.gz" in progress[0] and "MiB/s" in progress[0]
+    assert result.verified == ("models/r/test_resnet.tar.gz",)
+
+
+def test_object_changed_between_write_and_verify_is_a_clear_error(s3env, artifact):
+    def tamper(key: str) -> None:
+        s3env.client.put_object(Bucket=s3env.bucket, Key=key, Body=b"someone else's bytes")
+
+    with pytest.raises(VerificationError) as caught:
+        _push(s3env, artifact, hooks=PushHooks(after_write=tamper))
+    message = str(caught.value)
+    assert "does not match what was written" in message and "re-run 'mme push'" in message
+    assert "\n" not in message and caught.value.exit_code == 3
+    # a second push repairs it
+    s3env.calls.names.clear()
+    result = _push(s3env, artifact)
+    assert result.uploaded == ("models/r/test_resnet.tar.gz",)
+
+
+def test_stale_copies_beyond_copies_are_reported(s3env, artifact):
+    _push(s3env, artifact, copies=3)
+    stream = __import__("io").StringIO()
+    _push(s3env, artifact, copies=1, reporter=Reporter(stream=stream))
+    assert "2 copies from an earlier push" in stream.getvalue()
+
+
+def test_cli_push_then_deploy_dry_run_prints_the_exact_plan(s3env, artifact, run_cli, tmp_path, monkeypatch):
+    import boto3
+
+    created: list[str] = []
+    real_client = boto3.session.Session.client
+
+    def recording_client(self, service, *args, **kwargs):
+        created.append(service)
+        return real_client(self, service, *args, **kwargs)
+
+    monkeypatch.setattr(boto3.session.Session, "client", recording_client)
+    uri = f"s3://{s3env.bucket}/mme/resnet"
+    code, out, err = run_cli("push", str(artifact), "--s3", uri, "--copies", "2", "--allow-random-weights",
+                             "--endpoint-url", s3env.url)
+    assert code == 0, err
+    assert out.splitlines()[1].startswith("  upload  ") and out.splitlines()[-1].startswith(f"pushed {uri}/")
+
+    state_dir = tmp_path / "state"
+    code, out, err = run_cli("deploy", "--s3", uri, "--instance-type", "ml.g5.2xlarge", "--role",
+                             "arn:aws:iam::123456789012:role/SageMakerExecution", "--dry-run", "--state-dir", str(state_dir),
+                             "--endpoint-url", s3env.url)
+    assert code == 0, err
+    assert "sagemaker" not in created, "a dry run makes no SageMaker call"
+    assert not state_dir.exists(), "a dry run writes no state"
+    lines = out.splitlines()
+    assert lines[0] == "deploy plan: endpoint mme-resnet in us-east-1 (multi-model, ml.g5.2xlarge)"
+    assert lines[1] == f"  model data: {uri}/"
+    release = json.loads((artifact / "manifest.json").read_text())["triton"]["target"]["release"]
+    image = triton_image_uri("us-east-1", release)  # the pushed artifacts' release, from their metadata
+    assert image.startswith("763104351884.dkr.ecr.us-east-1.amazonaws.com/sagemaker-tritonserver:")
+    assert lines[2] == f"  image:      {image}"
+    start = lines.index("  requests, in order:") + 1
+    requests = json.loads("\n".join(lines[start:-1]))
+    assert lines[-1] == "dry run: nothing was created"
+    assert requests["CreateModel"]["PrimaryContainer"] == {
+        "Image": image,
+        "Mode": "MultiModel",
+        "ModelDataUrl": f"{uri}/",
+    }
+    assert requests["CreateModel"]["ExecutionRoleArn"] == "arn:aws:iam::123456789012:role/SageMakerExecution"
+    variant = requests["CreateEndpointConfig"]["ProductionVariants"]
+    assert variant == [{"VariantName": "AllTraffic", "ModelName": "mme-resnet-model", "InstanceType": "ml.g5.2xlarge",
+                        "InitialInstanceCount": 1, "InitialVariantWeight": 1.0}]
+    assert requests["CreateEndpoint"]["EndpointConfigName"] == "mme-resnet-config"
+    _validate_against_service_model(requests)
+
+
+def _validate_against_service_model(requests: dict) -> None:
+    import botocore.session
+    from botocore.validate import validate_parameters
+
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    for operation, params in requests.items():
+        validate_parameters(params, model.operation_model(operation).input_shape)

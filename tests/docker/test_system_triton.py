@@ -1,0 +1,102 @@
+"""SystemTritonServer (serving/triton/system.py): the tritonserver of NVIDIA's container
+run as a local process, as `mme serve --server system` does inside the serving image."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from serving.triton.base import TritonServerConfig, ping_status
+from serving.triton.system import (
+    BINARY_ENV,
+    SystemTritonNotFoundError,
+    SystemTritonServer,
+    find_system_tritonserver,
+)
+
+CONFIG = TritonServerConfig(sagemaker_port=8080, http_port=8000, grpc_port=8001, metrics_port=8002)
+
+
+def fake_install(root: Path, executable: bool = True) -> Path:
+    """``root``/bin/tritonserver and ``root``/backends, the NGC container's layout."""
+    binary = root / "bin" / "tritonserver"
+    binary.parent.mkdir(parents=True)
+    (root / "backends" / "python").mkdir(parents=True)
+    binary.write_text("#!/bin/sh\nexit 0\n")
+    if executable:
+        binary.chmod(binary.stat().st_mode | stat.S_IEXEC)
+    return binary
+
+
+def test_command_runs_the_system_binary_in_sagemaker_multi_model_mode(tmp_path):
+    binary = fake_install(tmp_path / "opt" / "tritonserver")
+    server = SystemTritonServer(CONFIG, binary=binary)
+    argv = server.command(Path("/tmp/repo"))
+    assert argv[0] == str(binary)
+    for flag in ("--model-repository=/tmp/repo", "--model-control-mode=explicit", "--allow-sagemaker=true",
+                 "--sagemaker-port=8080", "--http-port=8000", "--grpc-port=8001", "--metrics-port=8002",
+                 f"--backend-directory={(tmp_path / 'opt' / 'tritonserver' / 'backends').resolve()}",
+                 f"--backend-config=python,shm-region-prefix-name={server.shm_prefix}"):
+        assert flag in argv
+    env = server._environment()
+    assert env["SAGEMAKER_MULTI_MODEL"] == "true" and env["SAGEMAKER_BIND_TO_PORT"] == "8080"
+    assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.prefix) / "bin")
+
+
+def test_binary_search_order(tmp_path, monkeypatch):
+    given = fake_install(tmp_path / "given")
+    from_env = fake_install(tmp_path / "env")
+    on_path = fake_install(tmp_path / "path")
+    monkeypatch.setenv(BINARY_ENV, str(from_env))
+    monkeypatch.setenv("PATH", f"{on_path.parent}{os.pathsep}{os.environ['PATH']}")
+    assert find_system_tritonserver(given) == given
+    assert find_system_tritonserver() == from_env
+    monkeypatch.delenv(BINARY_ENV)
+    assert find_system_tritonserver() == on_path
+
+
+def test_missing_or_unusable_binaries_say_how_to_fix(tmp_path, monkeypatch):
+    monkeypatch.delenv(BINARY_ENV, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr("serving.triton.system.SYSTEM_ROOT", tmp_path / "nowhere")
+    with pytest.raises(SystemTritonNotFoundError) as info:
+        find_system_tritonserver()
+    message = str(info.value)
+    assert "no tritonserver on PATH" in message and BINARY_ENV in message and "make docker-serve" in message
+    assert "\n" not in message
+
+    with pytest.raises(SystemTritonNotFoundError, match="no tritonserver at .*missing"):
+        find_system_tritonserver(tmp_path / "missing")
+    not_exec = fake_install(tmp_path / "noexec", executable=False)
+    with pytest.raises(SystemTritonNotFoundError, match="is not executable; run: chmod"):
+        find_system_tritonserver(not_exec)
+    with pytest.raises(SystemTritonNotFoundError, match="backend directory .* does not exist"):
+        SystemTritonServer(CONFIG, binary=fake_install(tmp_path / "ok"), backend_directory=tmp_path / "nope").start()
+
+
+def test_serves_ping_with_a_real_tritonserver(tmp_path):
+    """The wheel's tritonserver stands in for the container's: same binary, other paths."""
+    from serving.triton.local import TritonNotInstalledError, check_libpython, find_distribution, prepare_backends
+
+    try:
+        dist = find_distribution()
+        backends = prepare_backends(dist, cache_dir=tmp_path / "cache")
+        check_libpython()
+    except TritonNotInstalledError as exc:
+        pytest.skip(str(exc))
+    library_path = os.pathsep.join(str(p) for p in dist.library_path())
+    server = SystemTritonServer(
+        TritonServerConfig(sagemaker_port=0, startup_timeout_s=60.0, env={"LD_LIBRARY_PATH": library_path}),
+        binary=dist.binary, backend_directory=backends,
+    )
+    server.start()
+    try:
+        assert ping_status(server.sagemaker_url) == 200
+        assert server.pid in server.pids()
+    finally:
+        server.stop()
+    assert not server.is_running() and server.pids() == []

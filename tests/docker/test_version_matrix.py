@@ -1,0 +1,109 @@
+"""mme/versions.toml: one row per release with every field; the default release's
+TensorRT is the gpu extra's; the loader's API (release(), Release.to_dict()) still works."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+from mme import versions
+from mme.errors import UsageError
+from packager.formats.base import ExportOptions
+from packager.formats.onnx_format import MIN_OPSET
+from tests.docker.conftest import REPO
+
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def gpu_extra_pin(prefix: str) -> str:
+    for spec in PYPROJECT["project"]["optional-dependencies"]["gpu"]:
+        name, _, version = spec.partition("==")
+        if name.startswith(prefix):
+            return version
+    raise AssertionError(f"no {prefix}* pin in the gpu extra")
+
+
+@pytest.mark.parametrize("rel", versions.releases(), ids=lambda r: r.name)
+def test_every_release_records_every_field(rel):
+    for key in versions.FIELDS:
+        assert getattr(rel, key) not in (None, ""), f"release {rel.name} lacks {key}"
+    month = rel.name
+    assert rel.triton_container == f"nvcr.io/nvidia/tritonserver:{month}-py3"
+    assert rel.pytorch_container == f"nvcr.io/nvidia/pytorch:{month}-py3"  # same month: same TensorRT
+    assert rel.sagemaker_image.endswith(f":{month}-py3")
+    assert re.fullmatch(r"2\.\d+\.\d+", rel.triton_server)
+    assert re.fullmatch(r"\d+\.\d+(\.\d+){0,2}", rel.tensorrt)
+    assert re.fullmatch(r"\d+\.\d+\.\d+", rel.cuda)
+    assert re.fullmatch(r"3\.\d+", rel.python)
+    assert isinstance(rel.onnx_opset, int) and rel.onnx_opset >= MIN_OPSET
+
+
+def test_default_release_serves_the_tensorrt_the_gpu_extra_installs():
+    default = versions.release()
+    pin = gpu_extra_pin("tensorrt")
+    assert versions.same_tensorrt(pin, default.tensorrt), (
+        f"the gpu extra installs TensorRT {pin} but the default release {default.name} runs {default.tensorrt}: "
+        "plans built by `mme package` would not load in the default serving image"
+    )
+
+
+def test_default_release_python_is_one_mme_supports_and_its_opset_is_the_packagers():
+    default = versions.release()
+    lo, hi = re.fullmatch(r">=(3\.\d+),<(3\.\d+)", PYPROJECT["project"]["requires-python"]).groups()
+    as_tuple = lambda v: tuple(int(x) for x in v.split("."))  # noqa: E731
+    assert as_tuple(lo) <= as_tuple(default.python) < as_tuple(hi)
+    assert default.onnx_opset == ExportOptions().opset
+
+
+def test_loader_api_is_unchanged_for_existing_callers():
+    old = versions.release("22.10")
+    assert (old.triton_container, old.sagemaker_image, old.triton_server) == (
+        "nvcr.io/nvidia/tritonserver:22.10-py3", "sagemaker-tritonserver:22.10-py3", "2.27.0")
+    data = old.to_dict()
+    assert {"release", "triton_container", "sagemaker_image", "triton_server"} <= set(data)
+    assert data["release"] == "22.10" and data["tensorrt"] == old.tensorrt
+    assert versions.release().name == versions.default_release_name()
+    with pytest.raises(UsageError, match="unknown Triton release '19.01'"):
+        versions.release("19.01")
+    # A Release built by hand with the original four fields still works.
+    assert versions.Release("x", "a", "b", "c").to_dict() == {
+        "release": "x", "triton_container": "a", "sagemaker_image": "b", "triton_server": "c"}
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "same"),
+    [("11.1.0.106", "11.1.0", True), ("11.1.0.106", "11.1.0.99", True), ("10.4.0", "10.4.0.26", True),
+     ("10.4.0", "10.4.1", False), ("11.1", "11.1.0.106", True), ("11.1.0", "11.2.0", False), ("11", "11.1", False)],
+)
+def test_same_tensorrt(a, b, same):
+    assert versions.same_tensorrt(a, b) is same
+
+
+def test_releases_with_tensorrt():
+    assert [r.name for r in versions.releases_with_tensorrt("10.4.0.26")] == ["24.09"]
+    assert versions.releases_with_tensorrt("9.9.9") == []
+
+
+def test_build_args_printer_for_the_makefile():
+    done = subprocess.run([sys.executable, "-m", "mme.versions", "--build-args", "--image", "serving", "--release", "24.09"],
+                          cwd=REPO, capture_output=True, text=True, check=True)
+    tokens = done.stdout.split()
+    pairs = dict(tokens[i + 1].split("=", 1) for i in range(0, len(tokens), 2) if tokens[i] == "--build-arg")
+    assert pairs == versions.build_args("serving", "24.09")
+    assert pairs["TRITON_CONTAINER"] == "nvcr.io/nvidia/tritonserver:24.09-py3"
+    get = subprocess.run([sys.executable, "-m", "mme.versions", "--get", "tensorrt"], cwd=REPO,
+                         capture_output=True, text=True, check=True)
+    assert get.stdout.strip() == versions.release().tensorrt
+    bad = subprocess.run([sys.executable, "-m", "mme.versions", "--get", "name", "--release", "1.0"], cwd=REPO,
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown Triton release '1.0'" in bad.stderr
+
+
+def test_the_matrix_module_imports_nothing_heavy():
+    done = subprocess.run([sys.executable, "-c", "import sys, mme.versions; print(sorted(m for m in ('torch', 'numpy', 'tensorrt') if m in sys.modules))"],
+                          cwd=REPO, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
