@@ -16,7 +16,7 @@ def test_open_loop_keeps_the_rate_and_counts_late_starts(tmp_path):
     info = run.info.extra["open_loop"]
     assert run.info.shape == "open-loop" and info["rate"] == 20
     # 3 in flight at 0.3 s each serve ~10/s: half the 40 arrivals wait for a slot.
-    assert 15 <= info["scheduled"] <= 41 and info["late_starts"] >= 10 and info["max_lateness_ms"] > 100
+    assert 15 <= info["scheduled"] <= 42 and info["late_starts"] >= 10 and info["max_lateness_ms"] > 100
     assert max(r.users for r in run.requests) == 3  # requests in flight, capped
     assert "started late" in completed.stderr
 
@@ -28,6 +28,6 @@ def test_open_loop_is_not_slowed_by_a_slow_endpoint(tmp_path):
     info = run.info.extra["open_loop"]
     sent = sorted(r.t for r in run.requests)
     # No cap reached: at most a rare scheduling hiccup on a busy test machine.
-    assert info["late_starts"] <= 3 and 38 <= info["scheduled"] <= 41
+    assert info["late_starts"] <= 5 and 38 <= info["scheduled"] <= 42
     assert len(sent) >= 30 and sent[-1] - sent[0] > 1.5  # a closed loop of 1 user would manage ~6
     assert max(r.users for r in run.requests) >= 5  # ~6 in flight at 20/s x 0.3 s
