@@ -8,6 +8,7 @@ never touched, so this is safe in any process and needs no display).
   (copies loaded, lowest latency, max throughput, max users before the first failure),
   each normalised to the best run = 1.0, higher is better, raw values written on the bars.
 * :func:`endpoint_chart` — model loads and evictions per stage, with LoadedModelCount.
+* :func:`cloudwatch_chart` — the endpoint's CloudWatch metrics (``mme metrics``) over time.
 """
 
 from __future__ import annotations
@@ -248,4 +249,132 @@ def comparison_chart(summaries: Sequence["RunSummary"]) -> bytes:
     ax.axhline(1.0, color="black", linewidth=0.6, alpha=0.5)
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=min(3, len(summaries)), fontsize=8)
+    return _png(fig)
+
+
+# -- CloudWatch ---------------------------------------------------------------------------
+
+# (title, y label, [(metric, stat, legend, line style)]); values are converted by their unit
+# (microseconds -> ms), counts are per period (60 s: per minute).
+CLOUDWATCH_PANELS: tuple[tuple[str, str, tuple[tuple[str, str, str, str], ...]], ...] = (
+    ("ModelLatency", "ms", (
+        ("ModelLatency", "Average", "average", "-"), ("ModelLatency", "p50", "p50", "-"),
+        ("ModelLatency", "p90", "p90", "--"), ("ModelLatency", "p99", "p99", "--"),
+        ("ModelLatency", "Maximum", "max", ":"))),
+    ("OverheadLatency and ModelLoadingWaitTime", "ms", (
+        ("OverheadLatency", "Average", "overhead avg", "-"), ("OverheadLatency", "p99", "overhead p99", "--"),
+        ("ModelLoadingWaitTime", "Average", "load wait avg", "-"),
+        ("ModelLoadingWaitTime", "Maximum", "load wait max", ":"))),
+    ("invocations", "per minute", (
+        ("Invocations", "Sum", "Invocations", "-"),
+        ("InvocationsPerInstance", "Sum", "InvocationsPerInstance", "--"))),
+    ("errors", "per minute", (
+        ("Invocation4XXErrors", "Sum", "4XX errors", "-"), ("Invocation5XXErrors", "Sum", "5XX errors", "-"),
+        ("ModelLoadingWaitTime", "SampleCount", "invocations that waited for a load", "--"))),
+    ("utilisation (average per period)", "percent", (
+        ("CPUUtilization", "Average", "CPU", "-"), ("MemoryUtilization", "Average", "memory", "-"),
+        ("GPUUtilization", "Average", "GPU", "-"), ("GPUMemoryUtilization", "Average", "GPU memory", "-"))),
+    ("models", "count", (
+        ("LoadedModelCount", "Maximum", "LoadedModelCount max", "-"),
+        ("LoadedModelCount", "Average", "LoadedModelCount avg", "--"))),
+)
+# drawn on the right axis of the "models" panel: ModelCacheHit's Average is the hit ratio (0..1)
+CLOUDWATCH_HIT_RATIO = ("ModelCacheHit", "Average")
+_UNIT_SCALE = {"microseconds": 1e-3, "milliseconds": 1.0, "seconds": 1e3}
+
+
+def _utc_time(text: str):
+    from datetime import datetime, timezone
+
+    moment = datetime.fromisoformat(str(text).strip().replace("Z", "+00:00"))
+    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment
+
+
+def cloudwatch_series(data: object) -> tuple[int, dict[tuple[str, str], list[tuple[object, float]]]]:
+    """The period and the datapoints of a ``cloudwatch_metrics.json`` (as ``mme metrics``
+    writes it, ``serving.aws.cloudwatch.to_json``), keyed by (metric, stat), values in the
+    chart's units (latencies in ms). Raises ValueError on anything malformed."""
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    if data.get("schema_version") != 1:
+        raise ValueError(f"schema version {data.get('schema_version')!r}, this mme reads 1")
+    period = data.get("period_s", 60)
+    series = data.get("series")
+    if not isinstance(series, list) or isinstance(period, bool) or not isinstance(period, int) or period <= 0:
+        raise ValueError("no 'series' list or no positive 'period_s'")
+    out: dict[tuple[str, str], list[tuple[object, float]]] = {}
+    for n, s in enumerate(series):
+        try:
+            # SampleCount counts datapoints whatever the metric's unit
+            scale = 1.0 if s["stat"] == "SampleCount" else _UNIT_SCALE.get(s.get("unit"), 1.0)
+            points = [(_utc_time(t), float(v) * scale) for t, v in s["points"]]
+            out[(str(s["metric"]), str(s["stat"]))] = sorted(points, key=lambda p: p[0])
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"series {n} malformed ({type(exc).__name__}: {exc})") from None
+    return period, out
+
+
+def cloudwatch_chart(summary: "RunSummary", data: object) -> bytes:
+    """A grid of the endpoint's CloudWatch time series over the run, minutes since the run
+    started on x, stage starts as vertical lines. Raises ValueError when ``data`` is malformed."""
+    from datetime import timedelta
+
+    period, series = cloudwatch_series(data)
+    moments = [t for points in series.values() for t, _ in points]
+    if not moments:
+        raise ValueError("no datapoints")
+    try:
+        origin = _utc_time(summary.run.started_at)
+        stage_starts = [(s.start_t / 60.0, s.users) for s in summary.stages]
+        x_label = "minutes since the run started (vertical lines: stage starts; top: users per stage)"
+    except (TypeError, ValueError):
+        origin, stage_starts = min(moments), []
+        x_label = "minutes since the first datapoint"
+    middle = timedelta(seconds=period / 2)  # a datapoint covers [t, t + period): drawn at its middle
+
+    fig = _figure(12, 9.5)
+    fig.suptitle(f"CloudWatch metrics ({period} s periods) — endpoint {summary.run.endpoint} — "
+                 f"{summary.label} — run {summary.run.run_id}", fontsize=10)
+    axes = fig.subplots(3, 2, sharex=True).ravel()
+
+    def minutes(points):
+        return [((t + middle) - origin).total_seconds() / 60.0 for t, _ in points]
+
+    for i, (ax, (title, unit, lines)) in enumerate(zip(axes, CLOUDWATCH_PANELS)):
+        handles, values = [], []
+        for metric, stat, legend, style in lines:
+            points = series.get((metric, stat))
+            if points:
+                handles += ax.plot(minutes(points), [v for _, v in points], linestyle=style, marker=".",
+                                   markersize=4, label=legend)
+                values += [v for _, v in points]
+        ratio = series.get(CLOUDWATCH_HIT_RATIO) if title == "models" else None
+        if ratio:
+            right = ax.twinx()
+            handles += right.plot(minutes(ratio), [100 * v for _, v in ratio], color="black", linestyle=":",
+                                  marker=".", markersize=4, label="cache hit ratio (right, %)")
+            right.set_ylim(0, max([105.0] + [100 * v * 1.05 for _, v in ratio]))
+            right.set_ylabel("cache hit ratio (%)")
+        for start, _ in stage_starts:
+            ax.axvline(start, color="black", alpha=0.25, linewidth=0.8)
+        if i < 2 and stage_starts and len(stage_starts) <= 20:
+            top = ax.secondary_xaxis("top")
+            top.set_xticks([start for start, _ in stage_starts], [f"{users}u" for _, users in stage_starts])
+            top.tick_params(labelsize=7, colors="#555")
+        ax.set_title(title, fontsize=9)
+        ax.set_ylabel(unit)
+        ax.grid(True, alpha=0.3)
+        positive = [v for v in values if v > 0]
+        if unit == "ms" and positive and max(positive) > 50 * min(positive):  # e.g. load waits of seconds next to ms overheads
+            ax.set_yscale("log")
+            unit += " (log scale)"
+            ax.set_ylabel(unit)
+        elif handles:
+            ax.set_ylim(bottom=0)
+        if handles:
+            ax.legend(handles=handles, fontsize=7, loc="upper left")
+        else:
+            ax.text(0.5, 0.5, "no datapoints", transform=ax.transAxes, ha="center", va="center", color="#777")
+    for ax in axes[-2:]:
+        ax.set_xlabel(x_label, fontsize=8)
     return _png(fig)

@@ -14,11 +14,13 @@ from mme.errors import OutputDirError, UsageError
 from mme.progress import Reporter
 
 if TYPE_CHECKING:
-    from bench import render
+    from bench import analysis, render
 
 RUN_CHART = "latency_throughput.png"
 ENDPOINT_CHART = "endpoint_models.png"
 COMPARISON_CHART = "comparison.png"
+CLOUDWATCH_CHART = "cloudwatch.png"
+CLOUDWATCH_FILE = "cloudwatch_metrics.json"  # written by 'mme metrics --run' (serving.aws.cloudwatch.JSON_FILE)
 REPORT_HTML = "report.html"
 REPORT_MD = "report.md"
 
@@ -109,6 +111,9 @@ def build_report(results: Sequence[str | Path], out: Path | None = None, target_
         if s.has_endpoint_metrics:
             run_charts_of.append(render.Chart(s.run_dir / ENDPOINT_CHART, charts.endpoint_chart(s),
                                               f"{s.label}: model loads, evictions and cache misses per stage"))
+        cloudwatch = _cloudwatch_chart(s, reporter)
+        if cloudwatch is not None:
+            run_charts_of.append(cloudwatch)
         for chart in run_charts_of:
             write_bytes_atomic(chart.path, chart.png)
             run_charts.append(chart.path)
@@ -128,6 +133,27 @@ def build_report(results: Sequence[str | Path], out: Path | None = None, target_
     write_bytes_atomic(md_path, render.to_markdown(report, out_dir).encode())
     return ReportPaths(html_path, md_path, comparison.path if comparison else None, tuple(run_charts),
                        tuple(summary_files), report)
+
+
+def _cloudwatch_chart(summary: "analysis.RunSummary", reporter: Reporter) -> "render.Chart | None":
+    """The chart of the run's saved CloudWatch metrics; None (with a warning when the file is
+    there but unusable) when there is nothing to draw."""
+    import json
+
+    from bench import charts, render
+
+    path = summary.run_dir / CLOUDWATCH_FILE
+    if not path.exists():
+        return None
+    try:
+        png = charts.cloudwatch_chart(summary, json.loads(path.read_text()))
+    except (OSError, ValueError) as exc:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0]
+        reporter.warn(f"{path}: unusable ({reason}); CloudWatch chart left out")
+        return None
+    return render.Chart(summary.run_dir / CLOUDWATCH_CHART, png,
+                        f"{summary.label}: endpoint CloudWatch metrics over the run (latencies in ms, counts per "
+                        "minute, utilisation in percent; vertical lines: stage starts)")
 
 
 def _num(value: float | int | None, digits: int = 1) -> str:

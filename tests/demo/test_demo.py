@@ -1,0 +1,25 @@
+"""`mme demo` chains package, capacity, serve, bench and report: a small, fast version."""
+
+from __future__ import annotations
+
+import json
+
+from mme.cli import main
+
+
+def test_demo_end_to_end(tmp_path, capsys):
+    code = main(["demo", "--model", "test_resnet", "--out", str(tmp_path / "artifacts"), "--results",
+                 str(tmp_path / "results"), "--memory-limit", "300M", "--time-scale", "0.03", "--max-copies", "4"])
+    out = capsys.readouterr().out
+    assert code == 0
+    html = next((tmp_path / "results").glob("demo-*-test_resnet/report.html"))
+    run_dir = html.parent
+    assert f"open {html}" in out
+    text = html.read_text()
+    assert text.count("data:image/png;base64,") >= 2  # latency/throughput and endpoint model charts
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert len(summary["stages"]) == 11  # the article's staged shape, time-compressed
+    capacity = json.loads((run_dir / "capacity.json").read_text())
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["copies"] == min(4, capacity["actual_copies"])
+    assert (run_dir / "latency_throughput.png").stat().st_size > 10_000
