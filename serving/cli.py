@@ -73,18 +73,61 @@ def register_capacity(subparsers) -> None:
         "capacity",
         help="count how many copies of a packaged model fit under a memory threshold, and check the prediction",
         description="Start an empty Triton server, load copies of ARTIFACT one by one through the MME container "
-        "API, measure after each, predict how many fit under the threshold, then load to the threshold to check.",
+        "API, measure after each, predict how many fit under the threshold, then load to the threshold to check. "
+        "With --endpoint NAME: the same loop against a deployed multi-model endpoint, copies made in S3 by "
+        "server-side copy and memory read through a small gpu-metrics model deployed beside them.",
     )
-    p.add_argument("artifact", help="artifacts/<model>/<format> made by 'mme package'")
+    p.add_argument("artifact", nargs="?", help="artifacts/<model>/<format> made by 'mme package' (local loop)")
     p.add_argument("--threshold", type=fraction, default=0.9, help="share of the memory limit (default: 0.9)")
     p.add_argument("--memory-limit", type=byte_size, help="memory to fill, e.g. 2G (default: this host's RAM)")
-    p.add_argument("--probe-copies", type=positive_int, default=3, help="copies measured for the prediction (3)")
+    p.add_argument("--probe-copies", type=positive_int, default=None,
+                   help="copies measured for the prediction (default: 3; local loop)")
     p.add_argument("--no-verify", dest="verify", action="store_false", help="predict only; don't load to the threshold")
     p.add_argument("--cycles", type=int, default=0, metavar="N", help="leak check: load and unload one copy N times")
     p.add_argument("--max-copies", type=positive_int, default=200, help="stop verifying after this many copies")
     p.add_argument("--instances", help="TOML table of instance types to project onto (see serving/instances.toml)")
     p.add_argument("--out", default="results", help="where the JSON report goes (default: %(default)s)")
+    remote = p.add_argument_group("deployed endpoint (--endpoint)")
+    remote.add_argument("--endpoint", help="name of a deployed multi-model endpoint (or 'local' with --endpoint-url)")
+    remote.add_argument("--endpoint-url", help="SageMaker runtime URL, e.g. http://127.0.0.1:8080 for 'mme serve'")
+    remote.add_argument("--region", help="AWS region (default: the configured one)")
+    remote.add_argument("--s3", help="s3://bucket/prefix the endpoint serves (its ModelDataUrl)")
+    remote.add_argument("--s3-endpoint-url", help="S3-compatible endpoint for --s3")
+    remote.add_argument("--artifact", dest="remote_artifact", metavar="ARTIFACT",
+                        help="artifacts/<model>/<format> whose tarball is copied and invoked")
     p.set_defaults(func=run_capacity)
+
+
+_REMOTE_OPTIONS = (("endpoint_url", "--endpoint-url"), ("region", "--region"), ("s3", "--s3"),
+                   ("s3_endpoint_url", "--s3-endpoint-url"), ("remote_artifact", "--artifact"))
+
+
+def _check_capacity_args(args: argparse.Namespace) -> None:
+    from mme.errors import UsageError
+
+    if args.endpoint is None:
+        given = [flag for name, flag in _REMOTE_OPTIONS if getattr(args, name) is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} only apply with --endpoint NAME (the loop against a deployed endpoint)")
+        if args.artifact is None:
+            raise UsageError("pass ARTIFACT (artifacts/<model>/<format>) for the local loop, or --endpoint NAME "
+                             "--s3 s3://bucket/prefix --artifact ARTIFACT for a deployed endpoint")
+        return
+    if args.artifact is not None:
+        raise UsageError(f"with --endpoint pass the artifact as --artifact {args.artifact} (positional ARTIFACT "
+                         "is the local loop)")
+    local = [flag for flag, used in (("--memory-limit", args.memory_limit is not None),
+                                     ("--probe-copies", args.probe_copies is not None),
+                                     ("--no-verify", not args.verify), ("--cycles", args.cycles != 0)) if used]
+    if local:
+        raise UsageError(f"{', '.join(local)} only apply to the local loop, not with --endpoint: the endpoint's "
+                         "memory is what the gpu-metrics model reports and copies load until --threshold or --max-copies")
+    if not args.endpoint.strip():
+        raise UsageError("--endpoint needs the name of a deployed multi-model endpoint")
+    if args.s3 is None:
+        raise UsageError("--endpoint needs --s3 s3://bucket/prefix: the prefix the endpoint serves models from")
+    if args.remote_artifact is None:
+        raise UsageError("--endpoint needs --artifact artifacts/<model>/<format>: the model whose copies are loaded")
 
 
 def run_capacity(args: argparse.Namespace) -> int:
@@ -92,13 +135,46 @@ def run_capacity(args: argparse.Namespace) -> int:
 
     from serving.capacity import format_table, load_instances, measure_capacity, write_report
 
+    _check_capacity_args(args)
     reporter = Reporter(quiet=args.quiet)
+    instances = load_instances(Path(args.instances)) if args.instances else None
+    if args.endpoint is not None:
+        return _run_remote_capacity(args, reporter, instances)
     report = measure_capacity(
-        Path(args.artifact), threshold=args.threshold, limit_bytes=args.memory_limit, probe_copies=args.probe_copies,
-        verify=args.verify, cycles=max(0, args.cycles), max_copies=args.max_copies,
-        instances=load_instances(Path(args.instances)) if args.instances else None, reporter=reporter,
+        Path(args.artifact), threshold=args.threshold, limit_bytes=args.memory_limit,
+        probe_copies=args.probe_copies or 3, verify=args.verify, cycles=max(0, args.cycles),
+        max_copies=args.max_copies, instances=instances, reporter=reporter,
     )
     print(format_table(report))
     path = write_report(report, Path(args.out))
+    print(f"written {path}")
+    return 0
+
+
+def _run_remote_capacity(args: argparse.Namespace, reporter: Reporter, instances) -> int:
+    from pathlib import Path
+
+    from mme.fsutil import ensure_writable_dir
+    from serving.aws.capacity_remote import EndpointInvoker, RemoteCapacityRequest, measure_remote_capacity, runtime_client
+    from serving.aws.session import S3Uri, boto3_session, client, require_credentials, require_region
+    from serving.capacity import format_table, write_report
+
+    destination = S3Uri.parse(args.s3)
+    out = ensure_writable_dir(Path(args.out))
+    session = boto3_session(args.region)
+    if session.region_name is None and args.endpoint_url:
+        session = boto3_session("us-east-1")  # a local endpoint: any region signs
+    elif args.endpoint_url is None:
+        require_region(session)
+    require_credentials(session)
+    s3 = client(session, "s3", endpoint_url=args.s3_endpoint_url)
+    invoker = EndpointInvoker(runtime_client(session, args.endpoint_url), args.endpoint)
+    request = RemoteCapacityRequest(args.endpoint, destination, Path(args.remote_artifact), args.threshold,
+                                    args.max_copies)
+    result = measure_remote_capacity(s3, invoker, request, instances=instances, reporter=reporter)
+    print(format_table(result.report))
+    print(f"copies: {len(result.copied)} created by server-side copy, {len(result.reused)} already in {destination}; "
+          f"stopped at {result.stopped}; memory source {result.source}")
+    path = write_report(result.report, out)
     print(f"written {path}")
     return 0
