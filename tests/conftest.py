@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -42,3 +49,62 @@ def test_resnet_cpu_local(tmp_path_factory):
     if code != 0:
         pytest.fail(f"mme package test_resnet failed with exit code {code}")
     return out / "test_resnet" / "cpu-local", time.perf_counter() - start
+
+
+# A real S3-compatible server over HTTP (moto), shared by the store and cloud tests.
+@dataclass(frozen=True)
+class MotoServer:
+    endpoint_url: str
+    startup_seconds: float
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[MotoServer]:
+    """A real moto S3 server over HTTP on 127.0.0.1 (moto_server from the venv)."""
+    exe = Path(sys.executable).parent / "moto_server"
+    if not exe.exists():
+        pytest.skip("moto_server not installed; pip install 'moto[server]'")
+    port = _free_port()
+    start = time.perf_counter()
+    proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = start + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/moto-api/", timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.perf_counter() > deadline:
+                    pytest.fail(f"moto_server did not start on port {port} (exit code {proc.poll()})")
+                time.sleep(0.05)
+        yield MotoServer(url, time.perf_counter() - start)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Dummy credentials through botocore's usual chain (environment), no real config files."""
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

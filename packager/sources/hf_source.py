@@ -99,7 +99,7 @@ class _Encoder:
 
 def load(request: ModelRequest, reporter: Reporter) -> LoadedModel:
     import torch
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
+    from transformers import AutoConfig, AutoModel
 
     name = request.name
 

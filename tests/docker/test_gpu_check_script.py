@@ -4,7 +4,6 @@ branch is driven here by a stand-in Python)."""
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import subprocess

@@ -12,7 +12,6 @@ from tests.docker.conftest import (
     REPO,
     docker_commands,
     make_dry_run,
-    mme_argv,
     option_value,
     parse_mme,
     without_option,
