@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         _step(reporter, 4, f"staged load over the {copies} copies, time scale {args.time_scale} (mme bench)")
         run_id = f"demo-{stamp}-{manifest['model']}"
         _call(quiet + ["bench", "--endpoint", "local-demo", "--endpoint-url", url, "--artifact", str(artifact),
-                       "--copies", str(copies), "--shape", "staged", "--time-scale", str(args.time_scale),
+                       "--binary", "--copies", str(copies), "--shape", "staged", "--time-scale", str(args.time_scale),
                        "--out", str(results), "--run-id", run_id])
     finally:
         serve.terminate()
