@@ -22,8 +22,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from mme.errors import MmeError
-from mme.fsutil import write_json_atomic
+from mme.fsutil import read_versioned_json, write_json_atomic
 
 SCHEMA_VERSION = 1
 RUN_FILE = "run.json"
@@ -61,15 +60,11 @@ class RunInfo:
 
     @classmethod
     def read(cls, run_dir: Path) -> "RunInfo":
-        path = run_dir / RUN_FILE
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise MmeError(f"{run_dir} is not a bench run (no {RUN_FILE}); pass directories written by 'mme bench'") from None
-        except json.JSONDecodeError as exc:
-            raise MmeError(f"{path} is not valid JSON ({exc.msg})") from None
-        if data.get("schema_version") != SCHEMA_VERSION:
-            raise MmeError(f"{path}: schema version {data.get('schema_version')}, this mme reads {SCHEMA_VERSION}")
+        data = read_versioned_json(
+            run_dir / RUN_FILE, SCHEMA_VERSION,
+            missing=f"{run_dir} is not a bench run (no {RUN_FILE}); pass directories written by 'mme bench'",
+            remedy="re-run 'mme bench'",
+        )
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 

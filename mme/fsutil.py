@@ -121,3 +121,23 @@ def deterministic_tar_gz(src_dir: Path, arcname: str, dest: Path, compresslevel:
                     raise OutputDirError(f"refusing to package symlink {entry}; copy the file instead")
                 name = arcname if entry == src_dir else f"{arcname}/{entry.relative_to(src_dir).as_posix()}"
                 tar.add(entry, arcname=name, recursive=False, filter=_normalise)
+
+
+def read_versioned_json(path: Path, version: int, *, missing: str, remedy: str) -> dict:
+    """A schema-versioned JSON document; every problem is one MmeError line.
+
+    ``missing``: the whole message when the file does not exist; ``remedy``: how to get a
+    good file, appended to the other messages.
+    """
+    from mme.errors import MmeError
+
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise MmeError(missing) from None
+    except json.JSONDecodeError as exc:
+        raise MmeError(f"{path} is not valid JSON ({exc.msg}); {remedy}") from None
+    if not isinstance(data, dict) or data.get("schema_version") != version:
+        found = data.get("schema_version") if isinstance(data, dict) else None
+        raise MmeError(f"{path} has schema version {found}, this mme reads {version}; {remedy}")
+    return data

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mme.errors import MmeError
-from mme.fsutil import write_json_atomic
+from mme.fsutil import read_versioned_json, write_json_atomic
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -68,17 +66,11 @@ class Manifest:
 
     @classmethod
     def load(cls, directory: Path) -> "Manifest":
-        path = directory / MANIFEST_NAME
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise MmeError(f"no {MANIFEST_NAME} in {directory}; point at an artifact directory made by 'mme package'") from None
-        except json.JSONDecodeError as exc:
-            raise MmeError(f"{path} is not valid JSON ({exc.msg}); re-run 'mme package'") from None
-        if data.get("schema_version") != SCHEMA_VERSION:
-            raise MmeError(
-                f"{path} has schema version {data.get('schema_version')}, this mme reads {SCHEMA_VERSION}; re-run 'mme package'"
-            )
+        data = read_versioned_json(
+            directory / MANIFEST_NAME, SCHEMA_VERSION,
+            missing=f"no {MANIFEST_NAME} in {directory}; point at an artifact directory made by 'mme package'",
+            remedy="re-run 'mme package'",
+        )
         data.pop("schema_version")
         sample = data.pop("sample_request")
         sample.pop("binary_content_type", None)
