@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -16,6 +17,12 @@ import pytest
 
 # Tests never reach model hubs: fail fast instead of retrying for half a minute.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# A runner that starts the suite as a background job hands it SIGINT ignored, and children
+# inherit that: the Ctrl-C tests need SIGINT delivered, here and in the commands they start
+# (a caught signal is reset to the default on exec, an ignored one stays ignored).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _cuda_available() -> bool:
