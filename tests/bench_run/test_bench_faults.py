@@ -74,11 +74,16 @@ def test_ctrl_c_saves_what_was_measured(tmp_path):
                                                  "--shape", "constant", "--users", "2", "--duration", "60",
                                                  "--out", str(tmp_path)),
                                    cwd=ROOT, env=bench_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(3.0)
-        started = time.monotonic()
-        process.send_signal(signal.SIGINT)
-        out, err = process.communicate(timeout=30)
-        stopped_in = time.monotonic() - started
+        try:
+            time.sleep(3.0)
+            started = time.monotonic()
+            process.send_signal(signal.SIGINT)
+            out, err = process.communicate(timeout=30)
+            stopped_in = time.monotonic() - started
+        finally:
+            if process.poll() is None:  # never leave a 60 s load running after a failure
+                process.kill()
+                process.communicate(timeout=30)
     assert process.returncode == 130, err
     assert stopped_in < 10
     directory = Path(out.strip().splitlines()[-1])

@@ -58,23 +58,31 @@ def test_ctrl_c_stops_everything(packaged_test_resnet, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "mme", "serve", "--models", str(packaged_test_resnet.directory),
                              "--port", str(port), "--server", "local", "--copies", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if requests.get(f"{url}/ping", timeout=1).status_code == 200:
-                break
-        except requests.ConnectionError:
-            time.sleep(0.2)
-    sm = boto3.client("sagemaker-runtime", endpoint_url=url, region_name="us-east-1",
-                      aws_access_key_id="t", aws_secret_access_key="t")
-    sm.invoke_endpoint(EndpointName="local", TargetModel="test_resnet-v1.tar.gz", ContentType="application/json",
-                       Body=packaged_test_resnet.sample("json"))
-    descendants = psutil.Process(proc.pid).children(recursive=True)
-    assert any("tritonserver" in p.name() for p in descendants)
-    proc.send_signal(signal.SIGINT)
-    output, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 0, output
-    assert "Traceback" not in output
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(f"{url}/ping", timeout=1).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                time.sleep(0.2)
+        sm = boto3.client("sagemaker-runtime", endpoint_url=url, region_name="us-east-1",
+                          aws_access_key_id="t", aws_secret_access_key="t")
+        sm.invoke_endpoint(EndpointName="local", TargetModel="test_resnet-v1.tar.gz", ContentType="application/json",
+                           Body=packaged_test_resnet.sample("json"))
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+        assert any("tritonserver" in p.name() for p in descendants)
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, output
+        assert "Traceback" not in output
+    finally:
+        if proc.poll() is None:  # a failed assertion must not leave a server running
+            tree = psutil.Process(proc.pid).children(recursive=True)
+            proc.kill()
+            proc.communicate(timeout=30)
+            for child in tree:
+                child.kill()
     gone, alive = psutil.wait_procs(descendants, timeout=10)
     assert not alive, f"orphans left: {[p.pid for p in alive]}"
