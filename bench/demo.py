@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 from mme.argtypes import byte_size, positive_float
 from mme.errors import MmeError
 from mme.progress import Reporter
+from serving.triton.base import free_ports
 
 
 def register(subparsers) -> None:
@@ -39,12 +39,6 @@ def register(subparsers) -> None:
     p.add_argument("--max-copies", type=int, default=20, help="cap on copies measured and served")
     p.add_argument("--repackage", action="store_true", help="package again even if the artifact exists")
     p.set_defaults(func=run)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _step(reporter: Reporter, number: int, text: str) -> None:
@@ -98,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     copies = max(1, min(args.max_copies, report["actual_copies"] or report["predicted_copies"]))
 
     _step(reporter, 3, f"start the local multi-model endpoint with {copies} copies (mme serve)")
-    port = _free_port()
+    port = free_ports(1)[0]
     url = f"http://127.0.0.1:{port}"
     # The endpoint gets the host's memory: copies grow under load (batched activations), and
     # the demo should show latency against users, not eviction churn.

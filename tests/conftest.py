@@ -71,7 +71,9 @@ def moto_server() -> Iterator[MotoServer]:
     exe = Path(sys.executable).parent / "moto_server"
     if not exe.exists():
         pytest.skip("moto_server not installed; pip install 'moto[server]'")
-    port = _free_port()
+    from serving.triton.base import free_ports
+
+    port = free_ports(1)[0]
     start = time.perf_counter()
     proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
@@ -108,10 +110,3 @@ def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
 
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench import results
+
+from serving.triton.base import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 # Deterministic credentials for every generator process: the SigV4 test re-signs with them.
@@ -55,6 +56,4 @@ def read_run(directory: Path) -> SavedRun:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,6 +23,8 @@ import time
 from pathlib import Path
 
 import requests
+
+from serving.triton.base import free_ports
 
 MODEL_PY = '''
 import numpy as np
@@ -57,9 +58,7 @@ def trivial_model(root: Path) -> Path:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def wait_for(url: str, process: subprocess.Popen, timeout_s: float = 60.0) -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import gzip
 import io
-import socket
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
+from serving.triton.base import free_ports
 
 CONFIG = 'backend: "python"\nmax_batch_size: 4\n'
 ENSEMBLE_CONFIG = """platform: "ensemble"
@@ -62,9 +62,7 @@ def model_members(name: str = "tiny", config: str = CONFIG) -> list[Member]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def tree(root: Path) -> list[str]:
