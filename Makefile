@@ -13,7 +13,7 @@ ARGS ?=
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install package demo test test-gpu bench-package bench-client-cost bench-front bench-cold-start clean lock
+.PHONY: help install install-gpu package demo test test-gpu bench-package bench-client-cost bench-front bench-cold-start clean lock
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -26,6 +26,12 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP) ## create .venv with the pinned dependencies (on demand for every target)
 
+# TensorRT's -libs package on PyPI is a stub that downloads the real wheel from NVIDIA's
+# index at install time, so the gpu extra needs that index reachable (or the builder image).
+NVIDIA_INDEX ?= https://pypi.nvidia.com
+install-gpu: $(STAMP) ## add the gpu extra (TensorRT of the default release, NVML) to .venv on a GPU host; needs pypi.nvidia.com
+	$(BIN)/pip install --disable-pip-version-check -q --extra-index-url $(NVIDIA_INDEX) -c constraints.txt -e '.[dev,gpu]'
+
 package: $(STAMP) ## export, validate and lay out MODEL (make package MODEL=resnet50 FORMATS=onnx ARGS=--no-pretrained)
 	$(MME) package $(MODEL) --formats $(FORMATS) --out $(OUT) $(ARGS)
 
@@ -35,7 +41,7 @@ demo: $(STAMP) ## the main job on local defaults: package, capacity, local MME, 
 test: $(STAMP) ## run the test suite (GPU tests are skipped without a GPU)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-test-gpu: $(STAMP) ## run only the GPU-marked tests (on a GPU host with `pip install -e '.[gpu]'`)
+test-gpu: $(STAMP) ## run only the GPU-marked tests (on a GPU host, after make install-gpu)
 	$(BIN)/pytest -m gpu $(PYTEST_ARGS)
 
 bench-package: $(STAMP) ## time each packaging stage and the peak memory for MODEL
@@ -83,7 +89,7 @@ BENCH_CMD ?= bench
 BENCH_ARGS ?= --help
 docker_build_args = $(shell $(MATRIX_PY) -m mme.versions --build-args --image $(1) --release $(TRITON_RELEASE))
 
-.PHONY: docker-build docker-build-builder docker-build-serving docker-build-bench docker-package docker-serve docker-bench gpu-check
+.PHONY: docker-build docker-build-builder docker-build-serving docker-build-bench docker-package docker-serve docker-bench gpu-check gpu-check-wheels
 
 docker-build: docker-build-builder docker-build-serving docker-build-bench ## build the builder, serving and bench images (TRITON_RELEASE: mme/versions.toml default)
 
@@ -108,5 +114,9 @@ docker-bench: ## mme BENCH_CMD BENCH_ARGS in the slim bench image (host network;
 	@mkdir -p results $(OUT)
 	$(DOCKER) run --rm --network host --user $$(id -u):$$(id -g) -v $(abspath $(OUT)):/work/artifacts:ro -v $(abspath results):/work/results $(BENCH_IMAGE) $(BENCH_CMD) $(BENCH_ARGS)
 
-gpu-check: ## the prepared GPU check: gpu tests, TorchScript vs TensorRT resnet50 (latency, memory, copies)
-	bash tests/gpu/gpu_check.sh
+GPU_CHECK_OUT ?= results/gpu-check
+gpu-check: ## the GPU check (also on a bare GPU host): latency, GPU memory per copy, copies that fit, encoder on CUDA, Triton GPU capacity
+	bash tests/gpu/gpu_check.sh --out $(GPU_CHECK_OUT)
+
+gpu-check-wheels: ## download into .whl/ the wheels a bare GPU host (Python 3.12, torch, no network) needs for make gpu-check
+	bash tests/gpu/gpu_check.sh --download-wheels .whl

@@ -1,11 +1,14 @@
 """The version matrix (``versions.toml``): which serving release an artifact targets, and
-what runs inside it (Triton, TensorRT, CUDA, Python, the matching NGC PyTorch image).
+what runs inside it (Triton, TensorRT, CUDA, Python, the matching NGC PyTorch image with its
+torch and Torch-TensorRT), which GPUs it supports, and whether AWS publishes a SageMaker
+Triton image for it. The default release is the newest that has one.
 
 The Dockerfiles read the same matrix through build args::
 
-    python -m mme.versions --build-args --image serving [--release 26.07]
+    python -m mme.versions --build-args --image serving [--release 25.09]
     python -m mme.versions --get tensorrt [--release 24.09]
     python -m mme.versions --list
+    python -m mme.versions --check-installed [--release 25.09]   (the builder image's check)
 
 This module imports nothing heavy (the Makefile runs it with any Python 3.11+).
 """
@@ -34,6 +37,15 @@ class Release:
     pytorch_container: str | None = None
     onnx_opset: int | None = None
     python: str | None = None
+    torch: str | None = None  # the NGC PyTorch image's torch (Triton's libtorch backend is built from it)
+    torch_tensorrt: str | None = None  # the NGC PyTorch image's Torch-TensorRT (the runtime Triton links)
+    torch_tensorrt_abi: str | None = None  # its engine ABI version: modules load only in the same ABI
+    min_compute_capability: str | None = None  # the oldest GPU architecture the release supports
+    sagemaker: bool = False  # AWS publishes sagemaker_image for this release
+    unverified: tuple[str, ...] = ()  # fields no primary source confirmed
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "unverified", tuple(self.unverified))
 
     def to_dict(self) -> dict:
         data = {
@@ -42,13 +54,25 @@ class Release:
             "sagemaker_image": self.sagemaker_image,
             "triton_server": self.triton_server,
         }
-        for key in ("tensorrt", "cuda", "pytorch_container", "onnx_opset", "python"):
+        for key in OPTIONAL_FIELDS:
             if getattr(self, key) is not None:
                 data[key] = getattr(self, key)
+        data["sagemaker"] = self.sagemaker
+        if self.unverified:
+            data["unverified"] = list(self.unverified)
         return data
 
 
 FIELDS = tuple(f.name for f in fields(Release))
+OPTIONAL_FIELDS = ("tensorrt", "cuda", "pytorch_container", "onnx_opset", "python", "torch", "torch_tensorrt",
+                   "torch_tensorrt_abi", "min_compute_capability")
+# What the builder image must carry, as the release's NGC PyTorch image ships it:
+# distribution name -> Release field (checked by `python -m mme.versions --check-installed`).
+BUILDER_STACK = {"torch": "torch", "torch-tensorrt": "torch_tensorrt", "tensorrt": "tensorrt"}
+
+
+class NoSageMakerImageError(UsageError):
+    """The release has no SageMaker Triton image: it can be served self-hosted only."""
 
 # Build args per image: ARG name -> Release field (or "image:<key>" for the [images] table).
 # Each Dockerfile declares exactly these ARGs, with these values as defaults
@@ -85,6 +109,9 @@ def _make_release(key: str, row: dict) -> Release:
     if unknown:
         raise UsageError(f"mme/versions.toml: release {key!r} has unknown keys {', '.join(unknown)}; "
                          f"known keys: {', '.join(FIELDS[1:])}")
+    not_fields = sorted(set(row.get("unverified", ())) - set(FIELDS))
+    if not_fields:
+        raise UsageError(f"mme/versions.toml: release {key!r} marks unknown fields unverified: {', '.join(not_fields)}")
     return Release(name=key, **row)
 
 
@@ -115,6 +142,31 @@ def image(key: str) -> str:
     return images[key]
 
 
+def sagemaker_releases() -> list[Release]:
+    """Releases AWS publishes a SageMaker Triton image for, newest first."""
+    return [r for r in releases() if r.sagemaker]
+
+
+def require_sagemaker_image(rel: Release, image_uri: str | None = None, action: str = "deploy it") -> None:
+    """Refuse a release without a SageMaker Triton image unless the user brings an image."""
+    if rel.sagemaker or image_uri:
+        return
+    served = ", ".join(r.name for r in sagemaker_releases()[:3]) or "none"
+    raise NoSageMakerImageError(
+        f"AWS publishes no SageMaker Triton image for release {rel.name} ({rel.sagemaker_image} does not exist), so "
+        f"SageMaker cannot {action}: package for a release it serves (--triton-release {served.split(',')[0]}; "
+        f"served: {served}), or pass --image-uri with your own image of Triton {rel.name} in ECR"
+    )
+
+
+def same_major_minor(a: str, b: str) -> bool:
+    """True when two versions share major.minor (local parts like ``a0+nv25.09`` ignored)."""
+    def head(v: str) -> list[str]:
+        return v.strip().split("+")[0].split(".")[:2]
+    pa, pb = head(a), head(b)
+    return len(pa) == 2 and pa == pb
+
+
 def same_tensorrt(a: str, b: str) -> bool:
     """True when two TensorRT versions are the same release (major.minor.patch; the build
     number is ignored, and a version given as major.minor compares on those two)."""
@@ -142,6 +194,39 @@ def build_args(image_name: str, name: str | None = None) -> dict[str, str]:
     return values
 
 
+def installed_stack() -> dict[str, str | None]:
+    """Versions of the builder stack installed in this Python (None: not installed)."""
+    from importlib import metadata
+
+    found: dict[str, str | None] = {}
+    for dist in BUILDER_STACK:
+        candidates = (dist, f"{dist}-cu13", f"{dist}-cu12") if dist == "tensorrt" else (dist,)
+        found[dist] = None
+        for name in candidates:
+            try:
+                found[dist] = metadata.version(name)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+    return found
+
+
+def stack_mismatches(rel: Release, installed: dict[str, str | None]) -> list[str]:
+    """Where the installed torch / Torch-TensorRT / TensorRT differ from the release's
+    (torch and Torch-TensorRT by major.minor, TensorRT by major.minor.patch)."""
+    problems = []
+    for dist, attr in BUILDER_STACK.items():
+        want, got = getattr(rel, attr), installed.get(dist)
+        if want is None:
+            continue
+        same = same_tensorrt if dist == "tensorrt" else same_major_minor
+        if got is None:
+            problems.append(f"{dist} is not installed (release {rel.name} ships {want})")
+        elif not same(got, want):
+            problems.append(f"{dist} {got} is installed but release {rel.name} ships {want}")
+    return problems
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mme.versions", description="Print the version matrix.")
     parser.add_argument("--release", help="a release of mme/versions.toml (default: its `default`)")
@@ -149,6 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     action.add_argument("--build-args", action="store_true", help="print --build-arg KEY=VALUE for --image")
     action.add_argument("--get", metavar="FIELD", help=f"print one field: {', '.join(FIELDS)}")
     action.add_argument("--list", action="store_true", help="print every release, one line each")
+    action.add_argument("--check-installed", action="store_true",
+                        help="exit 1 unless this Python has the release's torch, Torch-TensorRT and TensorRT (builder image)")
     parser.add_argument("--image", choices=tuple(BUILD_ARGS), help="the image whose build args to print")
     args = parser.parse_args(argv)
     try:
@@ -156,6 +243,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not args.image:
                 parser.error("--build-args needs --image")
             print(" ".join(f"--build-arg {shlex.quote(f'{k}={v}')}" for k, v in build_args(args.image, args.release).items()))
+        elif args.check_installed:
+            rel = release(args.release)
+            problems = stack_mismatches(rel, installed_stack())
+            if problems:
+                print(f"mme.versions: error: this image does not carry release {rel.name}'s stack: {'; '.join(problems)}; "
+                      f"build from {rel.pytorch_container} and keep its torch, torch_tensorrt and tensorrt", file=sys.stderr)
+                return 1
+            print(f"ok: torch {rel.torch}, Torch-TensorRT {rel.torch_tensorrt}, TensorRT {rel.tensorrt} as release {rel.name} ships them")
         elif args.get:
             if args.get not in FIELDS:
                 parser.error(f"unknown field {args.get!r}; choose one of: {', '.join(FIELDS)}")
@@ -163,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             default = default_release_name()
             for rel in releases():
-                mark = " (default)" if rel.name == default else ""
+                mark = " (default)" if rel.name == default else ("" if rel.sagemaker else " (self-hosted only: no SageMaker image)")
                 print(f"{rel.name}{mark}: " + ", ".join(f"{k}={v}" for k, v in rel.to_dict().items() if k != "release"))
     except UsageError as exc:
         print(f"mme.versions: error: {exc}", file=sys.stderr)

@@ -37,8 +37,14 @@ def register(subparsers) -> None:
     p.add_argument("--seq-len", type=positive_int, help="max sequence length for text models (default: 128)")
     p.add_argument("--max-batch-size", type=positive_int, default=16, help="Triton max_batch_size (default: %(default)s)")
     p.add_argument("--opset", type=positive_int, default=18, help="ONNX opset, 17 or newer (default: %(default)s)")
-    p.add_argument("--precision", choices=("fp32", "fp16"), default="fp32", help="TensorRT precision")
-    p.add_argument("--atol", type=positive_float, help="validation tolerance (default: per family; 5e-2 for fp16)")
+    p.add_argument("--precision", choices=("fp32", "tf32", "fp16"), default="fp32",
+                   help="precision of the TensorRT formats: fp32 (TF32 off), tf32 (matrix products in TF32 on "
+                   "Ampere+), fp16 (default: %(default)s)")
+    p.add_argument("--hardware-compatible", action="store_true",
+                   help="build TensorRT engines that load on every Ampere-or-newer GPU (compute capability 8.0+), "
+                   "not only on this GPU's architecture; somewhat slower")
+    p.add_argument("--atol", type=positive_float,
+                   help="validation tolerance (default: the family's, 1e-4; 1e-2 for tf32, 5e-2 for fp16 engines)")
     p.add_argument("--dynamic-batching", action=argparse.BooleanOptionalAction, default=True,
                    help="enable Triton's dynamic batcher (default: on)")
     p.add_argument("--preferred-batch-sizes", type=int_list, default=(), metavar="N,N",
@@ -50,7 +56,8 @@ def register(subparsers) -> None:
     p.add_argument("--cpu-threads", type=non_negative_int, default=2,
                    help="ONNX Runtime intra-op threads in the cpu-local model (0 = all cores)")
     p.add_argument("--workspace-gib", type=positive_float, default=4.0, help="TensorRT builder workspace")
-    p.add_argument("--triton-release", help="serving release the config targets (see mme/versions.toml)")
+    p.add_argument("--triton-release", help="serving release the artifacts target (default: mme/versions.toml's, the newest "
+                   "with a SageMaker image; python -m mme.versions --list)")
     p.add_argument("--seed", type=non_negative_int, default=0, help="seed for random weights and sample inputs")
     p.add_argument("--json", action="store_true", help="print the packaged artifacts as JSON on stdout")
     p.set_defaults(func=run)
@@ -81,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         family=args.family,
         export=ExportOptions(
             opset=args.opset, max_batch_size=args.max_batch_size, precision=args.precision,
-            cpu_threads=args.cpu_threads, workspace_gib=args.workspace_gib,
+            cpu_threads=args.cpu_threads, workspace_gib=args.workspace_gib, hardware_compatible=args.hardware_compatible,
         ),
         triton=TritonOptions(
             max_batch_size=args.max_batch_size, dynamic_batching=args.dynamic_batching,

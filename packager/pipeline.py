@@ -24,6 +24,7 @@ from mme.versions import release as triton_release
 from packager import layout
 from packager.formats import FORMATS, ExportContext, ExportOptions
 from packager.formats.base import package_version
+from packager.formats.gpu import check_precision, default_atol
 from packager.formats.onnx_format import MIN_OPSET
 from packager.hub import hub_reachable, use_offline_mode
 from packager.manifest import Manifest
@@ -66,8 +67,13 @@ def check_request(request: PackageRequest) -> None:
         raise UsageError(f"--weights {path}: no such file or directory; pass a local checkpoint file or a Hugging Face model directory")
     if request.export.max_batch_size != request.triton.max_batch_size:
         raise UsageError("internal: export and Triton max batch sizes differ")
+    check_precision(request.export.precision)
+    gpu = [name for name in request.formats if FORMATS[name].requires_gpu]
+    if request.export.hardware_compatible and not gpu:
+        raise UsageError("--hardware-compatible applies to the TensorRT formats (tensorrt, torch-tensorrt); add one to --formats")
+    release = triton_release(request.triton_release)
     for name in request.formats:
-        FORMATS[name].check_available()
+        FORMATS[name].check_available(release)
 
 
 def package(request: PackageRequest, reporter: Reporter) -> list[PackagedArtifact]:
@@ -104,7 +110,7 @@ def package(request: PackageRequest, reporter: Reporter) -> list[PackagedArtifac
             timings = dict(load_timings)
             with reporter.stage("export", timings, "export"):
                 exported = fmt.export(ctx)
-            atol = request.atol or (5e-2 if request.export.precision == "fp16" and fmt.requires_gpu else model.spec.default_atol)
+            atol = request.atol or default_atol(model.spec.default_atol, request.export.precision, fmt.requires_gpu)
             with reporter.stage("validate against PyTorch", timings, "validate"):
                 report = validate(model, exported, fmt.runner(exported, ctx), references, atol, reporter)
             with staged_directory(model_root / format_name) as staging:

@@ -57,6 +57,11 @@ class CachedModel:
     # This fetch found the copy already extracted (no download); not part of the model's identity.
     cache_hit: bool = field(default=False, compare=False)
 
+    @property
+    def container_name(self) -> str:
+        """The name SageMaker gives the container for this target: the hash its directory is named by."""
+        return cache_key(self.target)
+
 
 @dataclass(frozen=True)
 class CacheStats:

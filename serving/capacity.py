@@ -11,9 +11,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-import tomllib
 from dataclasses import asdict, dataclass
-from importlib import resources
 from pathlib import Path
 
 from mme.errors import UsageError
@@ -22,6 +20,7 @@ from mme.progress import Reporter
 from serving.cache import ModelCache
 from serving.container import ContainerClient
 from serving.copies import CopiesSource, copy_name
+from serving.instances import load_instances
 from serving.store import LocalDirSource
 
 SCHEMA_VERSION = 1
@@ -65,14 +64,6 @@ class CapacityReport:
         return asdict(self)
 
 
-def load_instances(path: Path | None = None) -> dict[str, dict]:
-    text = path.read_text() if path else resources.files("serving").joinpath("instances.toml").read_text()
-    try:
-        return tomllib.loads(text)["instances"]
-    except (tomllib.TOMLDecodeError, KeyError) as exc:
-        raise UsageError(f"{path}: not an instance table ({exc}); see serving/instances.toml for the format") from None
-
-
 def predict(baseline: int, footprint: float, limit: int, threshold: float) -> int:
     if footprint <= 0:
         return 0
@@ -82,15 +73,16 @@ def predict(baseline: int, footprint: float, limit: int, threshold: float) -> in
 def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | None, probe_copies: int = 3,
                      verify: bool = True, cycles: int = 0, max_copies: int = 500,
                      instances: dict[str, dict] | None = None, reporter: Reporter | None = None,
-                     cache_dir: Path | None = None) -> CapacityReport:
+                     cache_dir: Path | None = None, server_kind: str = "local", memory: str = "auto") -> CapacityReport:
+    """``server_kind`` as ``mme serve --server`` takes it; ``memory``: what is counted, "gpu"
+    (NVML, the whole device), "host" (RSS of the server's process tree) or "auto" (the GPU
+    whenever one is visible and the artifact is not a CPU one)."""
     import json
     import tempfile
 
-    import psutil
-
-    from serving.memory import process_tree_memory
+    from serving.memory import choose_meter
     from serving.triton.base import TritonServerConfig
-    from serving.triton.factory import create_server
+    from serving.triton.factory import choose_cache_root, choose_kind, create_server, server_class
 
     reporter = reporter or Reporter(quiet=True)
     manifest_path = artifact / "manifest.json"
@@ -98,36 +90,42 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
         raise UsageError(f"{artifact} has no manifest.json; point at artifacts/<model>/<format> made by 'mme package'")
     manifest = json.loads(manifest_path.read_text())
     tarball = manifest["tarball"]
-    limit = limit_bytes or psutil.virtual_memory().total
-    budget = threshold * limit
+    kind = choose_kind(server_kind)
+    root = choose_cache_root(cache_dir, server_class(kind).required_model_root())
     with tempfile.TemporaryDirectory(prefix="mme-capacity-") as tmp:
-        cache = ModelCache(cache_dir or Path(tmp), CopiesSource(LocalDirSource(artifact), max_copies + cycles + 1))
-        server = create_server("local", TritonServerConfig(sagemaker_port=0, grpc_port=None, metrics_port=None))
+        cache = ModelCache(root or Path(tmp), CopiesSource(LocalDirSource(artifact), max_copies + cycles + 1))
+        server = create_server(kind, TritonServerConfig(sagemaker_port=0, grpc_port=None, metrics_port=None),
+                               model_root=cache.root)
+        meter = choose_meter(memory, server.pids, instance_kind=(manifest.get("triton") or {}).get("instance_kind"))
+        limit = limit_bytes or meter.total()
+        budget = threshold * limit
         server.start()
         try:
             control = ContainerClient(server.sagemaker_url)
 
             def used() -> int:
                 time.sleep(0.2)  # let the stub settle
-                return process_tree_memory(server.pids()).rss_bytes
+                return meter.used()
+
+            def load(target: str) -> float:
+                cached = cache.fetch(target)
+                started = time.perf_counter()
+                control.load(cached.container_name, server.model_url(cached.model_dir), target=target)
+                return time.perf_counter() - started
 
             baseline = used()
             reporter.info(f"==> capacity of {manifest['model']} ({manifest['format']}): baseline {baseline / 2**20:.0f} MiB, "
-                          f"limit {limit / 2**20:.0f} MiB, threshold {threshold:.0%}")
+                          f"limit {limit / 2**20:.0f} MiB, threshold {threshold:.0%}; counting {meter.description}")
             steps: list[CapacityStep] = []
-            memory = baseline
+            memory_now = baseline
 
             def load_next() -> CapacityStep:
-                nonlocal memory
+                nonlocal memory_now
                 index = len(steps) + 1
-                target = copy_name(tarball, index)
-                cached = cache.fetch(target)
-                started = time.perf_counter()
-                control.load(target, str(cached.model_dir))
-                seconds = time.perf_counter() - started
+                seconds = load(copy_name(tarball, index))
                 after = used()
-                step = CapacityStep(index, after, after - memory, round(seconds, 3))
-                memory = after
+                step = CapacityStep(index, after, after - memory_now, round(seconds, 3))
+                memory_now = after
                 steps.append(step)
                 reporter.info(f"  copy {index:>3}: {after / 2**20:8.0f} MiB (+{step.delta_bytes / 2**20:.0f} MiB, "
                               f"loaded in {seconds:.2f} s, {after / limit:.1%} of the limit)")
@@ -145,35 +143,34 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
                 if predicted > max_copies:
                     raise UsageError(f"{predicted} copies predicted: more than --max-copies {max_copies}; "
                                      "pass a smaller --memory-limit or --no-verify")
-                while memory <= budget and len(steps) < max_copies:
+                while memory_now <= budget and len(steps) < max_copies:
                     load_next()
                 actual = len([s for s in steps if s.memory_bytes <= budget])
                 reporter.info(f"  actual: {actual} copies fit (predicted {predicted})")
-            leak = _leak_check(control, cache, tarball, len(steps), cycles, used, reporter) if cycles else None
+            leak = _leak_check(control, cache, server, tarball, len(steps), cycles, used, reporter) if cycles else None
         finally:
             server.stop()
-    kind = "host RSS of the Triton process tree"
     projections = tuple(
         Projection(name, row.get("gpu", ""), int(row["gpu_memory_gib"] * 2**30),
                    predict(baseline, mean, int(row["gpu_memory_gib"] * 2**30), threshold))
         for name, row in (instances or load_instances()).items()
     )
     return CapacityReport(
-        model=manifest["model"], format=manifest["format"], memory_kind=kind, limit_bytes=limit, threshold=threshold,
-        baseline_bytes=baseline, steps=tuple(steps), footprint_mean_bytes=int(mean), footprint_min_bytes=min(deltas),
-        footprint_max_bytes=max(deltas), predicted_copies=predicted, actual_copies=actual,
-        projections=projections, leak_check=leak,
+        model=manifest["model"], format=manifest["format"], memory_kind=meter.description, limit_bytes=limit,
+        threshold=threshold, baseline_bytes=baseline, steps=tuple(steps), footprint_mean_bytes=int(mean),
+        footprint_min_bytes=min(deltas), footprint_max_bytes=max(deltas), predicted_copies=predicted,
+        actual_copies=actual, projections=projections, leak_check=leak,
     )
 
 
-def _leak_check(control, cache, tarball, loaded, cycles, used, reporter) -> dict:
+def _leak_check(control, cache, server, tarball, loaded, cycles, used, reporter) -> dict:
     target = copy_name(tarball, loaded + 1)
     cached = cache.fetch(target)
     start = used()
     readings = []
     for _ in range(cycles):
-        control.load(target, str(cached.model_dir))
-        control.unload(target)
+        control.load(cached.container_name, server.model_url(cached.model_dir), target=target)
+        control.unload(cached.container_name, target=target)
         time.sleep(0.5)  # the stub process exits after the unload returns
         readings.append(used())
     growth = readings[-1] - start

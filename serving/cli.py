@@ -8,6 +8,7 @@ import threading
 
 from mme.argtypes import byte_size, fraction, positive_int
 from mme.progress import Reporter
+from serving.memory import MEMORY_KINDS
 from serving.triton.factory import KINDS
 
 
@@ -34,7 +35,11 @@ def register_serve(subparsers) -> None:
     p.add_argument("--server", choices=KINDS, default="auto",
                    help="Triton under Docker with a GPU, the tritonserver of this image (system), "
                    "or the CPU binary of the nvidia-pytriton wheel (local); default: auto")
-    p.add_argument("--cache-dir", help="where tarballs are extracted (default: a temporary directory)")
+    p.add_argument("--cache-dir", help="where tarballs are extracted as <dir>/<hash>/model (default: /opt/ml/models "
+                   "for a Triton that loads only from there, i.e. 2.70+ with --server system; else a temporary directory)")
+    p.add_argument("--memory", choices=MEMORY_KINDS, default="auto",
+                   help="what the threshold counts: gpu (NVML, whole device), host (RSS of Triton's process tree), "
+                   "or auto: the GPU when one is visible unless the models run on the CPU (default: auto)")
     p.add_argument("--s3-endpoint-url", help="S3-compatible endpoint for s3:// sources")
     p.set_defaults(func=run)
 
@@ -48,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
         models=args.models, host=args.host, port=args.port, memory_threshold=args.memory_threshold,
         memory_limit_bytes=args.memory_limit, copies=args.copies, server_kind=args.server,
         cache_dir=Path(args.cache_dir) if args.cache_dir else None, s3_endpoint_url=args.s3_endpoint_url,
+        memory=args.memory,
     )
     reporter = Reporter(quiet=args.quiet)
     endpoint = LocalEndpoint(options, reporter)
@@ -55,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         endpoint.start_in_thread()
-        reporter.info(f"==> local MME at {endpoint.url} (models from {args.models}; Triton pid {endpoint.server.pid})")
+        reporter.info(f"==> local MME at {endpoint.url} (models from {args.models}; {endpoint.server.name} pid "
+                      f"{endpoint.server.pid}; memory: {endpoint.meter.description})")
         reporter.info(f"    boto3.client('sagemaker-runtime', endpoint_url='{endpoint.url}').invoke_endpoint("
                       "EndpointName='local', TargetModel='<name>.tar.gz', ...)")
         reporter.info(f"    metrics: {endpoint.url}/metrics (Prometheus), {endpoint.url}/metrics.json; Ctrl-C stops")
@@ -79,7 +86,11 @@ def register_capacity(subparsers) -> None:
     )
     p.add_argument("artifact", nargs="?", help="artifacts/<model>/<format> made by 'mme package' (local loop)")
     p.add_argument("--threshold", type=fraction, default=0.9, help="share of the memory limit (default: 0.9)")
-    p.add_argument("--memory-limit", type=byte_size, help="memory to fill, e.g. 2G (default: this host's RAM)")
+    p.add_argument("--memory-limit", type=byte_size, help="memory to fill, e.g. 2G (default: the GPU's memory, or this host's RAM)")
+    p.add_argument("--server", choices=KINDS, default="auto",
+                   help="Triton to load into, as for mme serve (default: auto; TensorRT and ONNX formats need docker or system)")
+    p.add_argument("--memory", choices=MEMORY_KINDS, default="auto",
+                   help="what is counted: gpu (NVML), host (RSS of Triton's process tree), or auto (default: auto)")
     p.add_argument("--probe-copies", type=positive_int, default=None,
                    help="copies measured for the prediction (default: 3; local loop)")
     p.add_argument("--no-verify", dest="verify", action="store_false", help="predict only; don't load to the threshold")
@@ -118,7 +129,8 @@ def _check_capacity_args(args: argparse.Namespace) -> None:
                          "is the local loop)")
     local = [flag for flag, used in (("--memory-limit", args.memory_limit is not None),
                                      ("--probe-copies", args.probe_copies is not None),
-                                     ("--no-verify", not args.verify), ("--cycles", args.cycles != 0)) if used]
+                                     ("--no-verify", not args.verify), ("--cycles", args.cycles != 0),
+                                     ("--server", args.server != "auto"), ("--memory", args.memory != "auto")) if used]
     if local:
         raise UsageError(f"{', '.join(local)} only apply to the local loop, not with --endpoint: the endpoint's "
                          "memory is what the gpu-metrics model reports and copies load until --threshold or --max-copies")
@@ -133,7 +145,8 @@ def _check_capacity_args(args: argparse.Namespace) -> None:
 def run_capacity(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from serving.capacity import format_table, load_instances, measure_capacity, write_report
+    from serving.capacity import format_table, measure_capacity, write_report
+    from serving.instances import load_instances
 
     _check_capacity_args(args)
     reporter = Reporter(quiet=args.quiet)
@@ -143,7 +156,7 @@ def run_capacity(args: argparse.Namespace) -> int:
     report = measure_capacity(
         Path(args.artifact), threshold=args.threshold, limit_bytes=args.memory_limit,
         probe_copies=args.probe_copies or 3, verify=args.verify, cycles=max(0, args.cycles),
-        max_copies=args.max_copies, instances=instances, reporter=reporter,
+        max_copies=args.max_copies, instances=instances, reporter=reporter, server_kind=args.server, memory=args.memory,
     )
     print(format_table(report))
     path = write_report(report, Path(args.out))

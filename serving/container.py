@@ -9,6 +9,13 @@ calls on the container; Triton implements it with ``--allow-sagemaker=true``):
     POST   /models/NAME/invoke        KServe v2 inference (JSON or binary+json)
     DELETE /models/NAME               200 unloaded; 404 when not loaded
 
+SageMaker names each loaded model by a hash (``model_name``, also the directory
+``/opt/ml/models/<hash>/model``) and sends the target's object name in the
+``X-Amzn-SageMaker-Target-Model`` header on every call about it; Triton 2.38+ registers the
+model under that header's value and keys its list by the hash, so ``/models/<hash>/invoke``
+reaches targets whose names hold ``/``, ``+`` or spaces (Triton does not URL-decode paths).
+Every call here takes ``target=`` for that header.
+
 Non-2xx answers of the model-management calls become the exceptions below: they are
 outcomes of the protocol that callers act on (SageMaker unloads a model and retries on
 507), not user errors. ``invoke`` returns every answer as an :class:`InvokeResult`.
@@ -30,6 +37,7 @@ import requests
 from requests.structures import CaseInsensitiveDict
 
 DEFAULT_TIMEOUT_S = 60.0
+TARGET_HEADER = "X-Amzn-SageMaker-Target-Model"
 LOAD_TIMEOUT_S = 600.0  # SageMaker allows a model load several minutes
 
 
@@ -119,6 +127,10 @@ class ContainerClient:
     def _model_path(name: str) -> str:
         return f"/models/{quote(name, safe='')}"
 
+    @staticmethod
+    def _target_headers(target: str | None) -> dict[str, str]:
+        return {TARGET_HEADER: target} if target else {}
+
     def ping(self) -> bool:
         """True when ``GET /ping`` answers 200; False on any other answer or no answer."""
         try:
@@ -126,10 +138,12 @@ class ContainerClient:
         except requests.RequestException:
             return False
 
-    def load(self, model_name: str, url: str) -> None:
-        """``POST /models``: load the model directory ``url`` under ``model_name``."""
+    def load(self, model_name: str, url: str, *, target: str | None = None) -> None:
+        """``POST /models``: load the model directory ``url`` under ``model_name`` (the hash),
+        for the object ``target`` (sent as SageMaker sends it, in the target header)."""
         response = self.session.post(
-            self._url("/models"), json={"model_name": model_name, "url": str(url)}, timeout=self.load_timeout_s
+            self._url("/models"), json={"model_name": model_name, "url": str(url)},
+            headers=self._target_headers(target), timeout=self.load_timeout_s,
         )
         if response.status_code == 200:
             return
@@ -151,8 +165,9 @@ class ContainerClient:
             if "modelName" in entry
         ]
 
-    def get_model(self, name: str) -> LoadedModelInfo:
-        response = self.session.get(self._url(self._model_path(name)), timeout=self.timeout_s)
+    def get_model(self, name: str, *, target: str | None = None) -> LoadedModelInfo:
+        response = self.session.get(self._url(self._model_path(name)), headers=self._target_headers(target),
+                                    timeout=self.timeout_s)
         if response.status_code == 404:
             raise ModelNotLoaded(404, "model is not loaded", name)
         if response.status_code != 200:
@@ -160,17 +175,21 @@ class ContainerClient:
         data = response.json()
         return LoadedModelInfo(data["modelName"], data.get("modelUrl", ""))
 
-    def unload(self, name: str) -> None:
-        response = self.session.delete(self._url(self._model_path(name)), timeout=self.load_timeout_s)
+    def unload(self, name: str, *, target: str | None = None) -> None:
+        """``DELETE /models/NAME``. Triton unloads the model registered under the target
+        header's value (the hash when absent), so pass the ``target`` it was loaded with."""
+        response = self.session.delete(self._url(self._model_path(name)), headers=self._target_headers(target),
+                                       timeout=self.load_timeout_s)
         if response.status_code == 200:
             return
         if response.status_code == 404:
             raise ModelNotLoaded(404, "model is not loaded", name)
         raise ContainerError(response.status_code, error_message(response), name)
 
-    def invoke(self, name: str, body: bytes, content_type: str, accept: str | None = None) -> InvokeResult:
+    def invoke(self, name: str, body: bytes, content_type: str, accept: str | None = None, *,
+               target: str | None = None) -> InvokeResult:
         """``POST /models/NAME/invoke``; every HTTP answer comes back, errors included."""
-        headers = {"Content-Type": content_type}
+        headers = {"Content-Type": content_type, **self._target_headers(target)}
         if accept:
             headers["Accept"] = accept
         response = self.session.post(

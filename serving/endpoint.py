@@ -1,7 +1,9 @@
 """What SageMaker's MME front end does, in front of a real Triton container.
 
 On the first request for a target: fetch the tarball (local directory or S3) into the
-cache, verify and extract it safely, load it through the container's ``POST /models``.
+cache, verify and extract it safely, load it through the container's ``POST /models`` the
+way SageMaker does: named by the hash of its cache directory (``<root>/<hash>/model``), the
+target in the ``X-Amzn-SageMaker-Target-Model`` header of every load, invoke and unload.
 Concurrent first requests cause one load while the others wait. When a load would cross
 the memory threshold, or the container answers 507, the least recently used models are
 unloaded first. A model that fails to load fails its own requests only. A container that
@@ -17,14 +19,20 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
-from urllib.parse import quote
 
 import aiohttp
 
 from mme.progress import Reporter
 from serving import errors_sagemaker as sm
-from serving.cache import CachedModel, ModelCache
-from serving.container import ContainerClient, ContainerOutOfMemory, ModelAlreadyLoaded, ModelLoadFailed, ModelNotLoaded
+from serving.cache import CachedModel, ModelCache, cache_key
+from serving.container import (
+    TARGET_HEADER,
+    ContainerClient,
+    ContainerOutOfMemory,
+    ModelAlreadyLoaded,
+    ModelLoadFailed,
+    ModelNotLoaded,
+)
 from serving.metrics import EndpointMetrics
 from serving.store import InvalidTargetName, validate_target_name
 from serving.triton.base import TritonServer
@@ -181,7 +189,8 @@ class MultiModelEndpoint:
         headers = {"Content-Type": content_type}
         if accept:
             headers["Accept"] = accept
-        url = f"{self.server.sagemaker_url}/models/{quote(target, safe='')}/invoke"
+        headers[TARGET_HEADER] = target
+        url = f"{self.server.sagemaker_url}/models/{cache_key(target)}/invoke"
         if self._session is None:
             raise RuntimeError("MultiModelEndpoint.start() was not called")
         async with self._session.post(url, data=body, headers=headers) as response:
@@ -218,7 +227,8 @@ class MultiModelEndpoint:
                 before = self.memory_probe()
                 started = time.perf_counter()
                 try:
-                    await asyncio.to_thread(self.control.load, target, str(cached.model_dir))
+                    await asyncio.to_thread(self.control.load, cached.container_name,
+                                            self.server.model_url(cached.model_dir), target=target)
                 except ModelAlreadyLoaded:
                     pass  # the container kept it (e.g. across a front restart): serve it as loaded
                 except ContainerOutOfMemory as exc:
@@ -227,6 +237,12 @@ class MultiModelEndpoint:
                     continue
                 except ModelLoadFailed as exc:
                     self.reporter.info(f"  load {target} failed: {exc}")
+                    if any(ch.isspace() for ch in target):
+                        self.reporter.warn(
+                            f"{target}: Triton names the model after its target, and the python backend of Triton "
+                            "releases before 25.08 cuts model names at spaces (python_backend stub_launcher), so "
+                            "python-backend models cannot load under such a name there, on SageMaker too; rename the object"
+                        )
                     raise LoadFailed(exc.status, str(exc)) from None
                 load_s = time.perf_counter() - started
                 footprint = max(0, self.memory_probe() - before)
@@ -262,7 +278,7 @@ class MultiModelEndpoint:
         del self._loaded[victim]
         started = time.perf_counter()
         with contextlib.suppress(ModelNotLoaded):  # already gone is as good as unloaded
-            await asyncio.to_thread(self.control.unload, victim)
+            await asyncio.to_thread(self.control.unload, cache_key(victim), target=victim)
         unload_s = time.perf_counter() - started
         self.metrics.model_unloaded(unload_s, evicted=True)
         used = self._record_memory()
@@ -276,7 +292,7 @@ class MultiModelEndpoint:
             started = time.perf_counter()
             self._loaded.pop(target, None)
             with contextlib.suppress(ModelNotLoaded):
-                await asyncio.to_thread(self.control.unload, target)
+                await asyncio.to_thread(self.control.unload, cache_key(target), target=target)
             self.metrics.model_unloaded(time.perf_counter() - started, evicted=False)
             self._record_memory()
             return True

@@ -11,7 +11,6 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 from aiohttp import web
 
 from mme.errors import UsageError
@@ -20,11 +19,10 @@ from serving.cache import ModelCache
 from serving.copies import CopiesSource
 from serving.endpoint import EndpointConfig, MultiModelEndpoint
 from serving.front import build_app
-from serving.memory import gpu_memory, process_tree_memory
+from serving.memory import MemoryMeter, choose_meter
 from serving.store import source_from_uri
 from serving.triton.base import TritonServerConfig
-from serving.triton.docker import DockerTritonServer
-from serving.triton.factory import create_server
+from serving.triton.factory import choose_cache_root, choose_kind, create_server, server_class
 
 
 @dataclass(frozen=True)
@@ -36,8 +34,9 @@ class LocalEndpointOptions:
     memory_limit_bytes: int | None = None  # default: the GPU's memory, or this host's RAM
     copies: int = 0  # answer for <stem>-v1..vN.tar.gz from <stem>.tar.gz
     server_kind: str = "auto"
-    cache_dir: Path | None = None
+    cache_dir: Path | None = None  # default: the server's required root, else a temporary directory
     s3_endpoint_url: str | None = None
+    memory: str = "auto"  # what the threshold counts: gpu (NVML), host (process-tree RSS) or auto
 
     def check(self) -> None:
         if not 0 < self.memory_threshold <= 1:
@@ -48,18 +47,28 @@ class LocalEndpointOptions:
             raise UsageError(f"--port must be between 0 and 65535 (got {self.port})")
 
 
-def _check_engines(models: str) -> None:
-    """Refuse, before anything starts, TensorRT engines built for another TensorRT than the
-    serving release (``MME_TRITON_RELEASE``, else the default) runs: they would fail to load."""
-    import json
+def _local_manifest(models: str):
+    """The manifest of a local artifact directory, or None (S3 prefixes, plain tarball directories)."""
+    from packager.manifest import MANIFEST_NAME, Manifest
+
+    if models.startswith("s3://") or not (Path(models) / MANIFEST_NAME).is_file():
+        return None
+    return Manifest.load(Path(models))
+
+
+def _check_engines(manifest) -> None:
+    """Refuse, before anything starts, engines that cannot load here: built for another
+    TensorRT or Torch-TensorRT than the serving release (``MME_TRITON_RELEASE``, else the
+    default) runs, or for another GPU than this host's."""
     import os
 
     from mme.versions import release
-    from packager.compat import check_plan_compatible
+    from packager.compat import check_artifact
+    from serving.memory import gpu_compute_capability
 
-    manifest = Path(models) / "manifest.json"
-    if not models.startswith("s3://") and manifest.is_file():
-        check_plan_compatible(json.loads(manifest.read_text()), release(os.environ.get("MME_TRITON_RELEASE")))
+    if manifest is not None:
+        check_artifact(manifest, release(os.environ.get("MME_TRITON_RELEASE")),
+                       compute_capability=gpu_compute_capability(), where="this host's GPU")
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -72,19 +81,24 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 class LocalEndpoint:
     def __init__(self, options: LocalEndpointOptions, reporter: Reporter | None = None) -> None:
         options.check()
-        _check_engines(options.models)
+        manifest = _local_manifest(options.models)
+        _check_engines(manifest)
         self.options = options
         self.reporter = reporter or Reporter(quiet=True)
         source = source_from_uri(options.models, endpoint_url=options.s3_endpoint_url)
         if options.copies:
             source = CopiesSource(source, options.copies)
+        kind = choose_kind(options.server_kind)
+        config = TritonServerConfig(sagemaker_port=0, grpc_port=None, metrics_port=None)
+        cache_dir = choose_cache_root(options.cache_dir, server_class(kind).required_model_root())
         self._tmp = None
-        cache_dir = options.cache_dir
         if cache_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="mme-cache-")
             cache_dir = Path(self._tmp.name)
         self.cache = ModelCache(cache_dir, source)
-        self.server = create_server(options.server_kind, TritonServerConfig(sagemaker_port=0, grpc_port=None, metrics_port=None))
+        self.server = create_server(kind, config, model_root=self.cache.root)
+        instance_kind = manifest.triton.get("instance_kind") if manifest is not None else None
+        self.meter: MemoryMeter = choose_meter(options.memory, self.server.pids, instance_kind=instance_kind)
         self.endpoint: MultiModelEndpoint | None = None
         self.port: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -97,20 +111,10 @@ class LocalEndpoint:
         return f"http://{self.options.host}:{self.port}"
 
     def memory_used(self) -> int:
-        if isinstance(self.server, DockerTritonServer):
-            reading = gpu_memory()
-            if reading is not None:
-                return reading.used_bytes
-        return process_tree_memory(self.server.pids()).rss_bytes
+        return self.meter.used()
 
     def _memory_limit(self) -> int:
-        if self.options.memory_limit_bytes:
-            return self.options.memory_limit_bytes
-        if isinstance(self.server, DockerTritonServer):
-            reading = gpu_memory()
-            if reading is not None:
-                return reading.total_bytes
-        return psutil.virtual_memory().total
+        return self.options.memory_limit_bytes or self.meter.total()
 
     async def _start_async(self) -> None:
         config = EndpointConfig(memory_limit_bytes=self._memory_limit(), memory_threshold=self.options.memory_threshold)

@@ -1,14 +1,22 @@
 """Memory readings for sizing: host memory of a server's process tree (psutil) and GPU
-memory (NVML, from the optional ``nvidia-ml-py`` package)."""
+memory (NVML, from the optional ``nvidia-ml-py`` package), and the meter a local endpoint
+or ``mme capacity`` counts with (:func:`choose_meter`).
+
+On a GPU host the meter reads NVML's device-wide figure: it is right across PID namespaces
+(a Triton in a container has other PIDs than the host sees) and includes every CUDA
+context. Per-process figures are kept where the driver gives them.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 import psutil
+
+from mme.errors import UsageError
 
 NVML_NOT_AVAILABLE = (1 << 64) - 1  # NVML's "value not available" for per-process memory
 
@@ -82,6 +90,25 @@ def _nvml():
     return pynvml
 
 
+def _nvml_errors(nvml) -> tuple[type[BaseException], ...]:
+    """NVMLError, plus NVMLLibraryMismatchError: nvidia-ml-py raises that one (not an
+    NVMLError) when a driver lacks a versioned function such as the _v3 process queries."""
+    mismatch = getattr(nvml, "NVMLLibraryMismatchError", None)
+    return (nvml.NVMLError, mismatch) if isinstance(mismatch, type) else (nvml.NVMLError,)
+
+
+def _running_processes(nvml, handle, query: str) -> list:
+    """``nvmlDevice<query>`` (the newest version), falling back to its ``_v2`` on older drivers."""
+    errors = _nvml_errors(nvml)
+    try:
+        return list(getattr(nvml, query)(handle))
+    except errors:
+        older = getattr(nvml, f"{query}_v2", None)
+        if older is None:
+            raise
+        return list(older(handle))
+
+
 def gpu_device_count() -> int | None:
     """GPUs NVML sees; None when NVML is unavailable (package or driver missing)."""
     nvml = _nvml()
@@ -89,7 +116,7 @@ def gpu_device_count() -> int | None:
         return None
     try:
         return nvml.nvmlDeviceGetCount()
-    except nvml.NVMLError:
+    except _nvml_errors(nvml):
         return None
     finally:
         with contextlib.suppress(nvml.NVMLError):
@@ -111,9 +138,9 @@ def gpu_memory(index: int = 0) -> GpuMemoryReading | None:
             name = name.decode()
         processes: dict[int, GpuProcessMemory] = {}
         # Either list can be refused (e.g. inside some containers); a process can be in both.
-        for query in (nvml.nvmlDeviceGetComputeRunningProcesses, nvml.nvmlDeviceGetGraphicsRunningProcesses):
-            with contextlib.suppress(nvml.NVMLError):
-                for entry in query(handle):
+        for query in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+            with contextlib.suppress(*_nvml_errors(nvml)):
+                for entry in _running_processes(nvml, handle, query):
                     used = entry.usedGpuMemory
                     used = int(used) if used is not None and int(used) < NVML_NOT_AVAILABLE else None
                     if entry.pid not in processes or processes[entry.pid].used_bytes is None:
@@ -126,8 +153,116 @@ def gpu_memory(index: int = 0) -> GpuMemoryReading | None:
             processes=tuple(processes.values()),
             timestamp=time.time(),
         )
-    except nvml.NVMLError:
+    except _nvml_errors(nvml):
         return None
     finally:
         with contextlib.suppress(nvml.NVMLError):
             nvml.nvmlShutdown()
+
+
+def gpu_compute_capability(index: int = 0) -> str | None:
+    """``"9.0"`` for GPU ``index`` (what a TensorRT plan built here is tied to); None without NVML."""
+    nvml = _nvml()
+    if nvml is None:
+        return None
+    try:
+        major, minor = nvml.nvmlDeviceGetCudaComputeCapability(nvml.nvmlDeviceGetHandleByIndex(index))
+        return f"{major}.{minor}"
+    except _nvml_errors(nvml):
+        return None
+    finally:
+        with contextlib.suppress(nvml.NVMLError):
+            nvml.nvmlShutdown()
+
+
+# -- meters: what a local endpoint and `mme capacity` count -------------------------------------
+
+MEMORY_KINDS = ("auto", "gpu", "host")
+
+
+class MemoryMeter:
+    """Memory in use and its total, for eviction thresholds and capacity counts."""
+
+    kind = ""  # "gpu" | "host"
+    description = ""
+
+    def used(self) -> int:
+        raise NotImplementedError
+
+    def total(self) -> int:
+        raise NotImplementedError
+
+    def details(self) -> dict:
+        """Extra figures for metrics and reports (per-process readings where visible)."""
+        return {}
+
+
+class HostMemoryMeter(MemoryMeter):
+    """Resident memory of the server's process tree (Triton and its python-backend stubs),
+    against this host's RAM."""
+
+    kind = "host"
+    description = "host RSS of the Triton process tree"
+
+    def __init__(self, pids: Callable[[], Iterable[int]]) -> None:
+        self.pids = pids
+
+    def used(self) -> int:
+        return process_tree_memory(self.pids()).rss_bytes
+
+    def total(self) -> int:
+        return psutil.virtual_memory().total
+
+
+class GpuMemoryMeter(MemoryMeter):
+    """NVML's device-wide memory in use on one GPU (works whatever PID namespace the server
+    runs in), with the server's own processes' figures where the driver shows them."""
+
+    kind = "gpu"
+
+    def __init__(self, index: int = 0, pids: Callable[[], Iterable[int]] | None = None) -> None:
+        self.index = index
+        self.pids = pids
+        first = gpu_memory(index)
+        if first is None:
+            raise UsageError(
+                f"no GPU {index} readable through NVML (nvidia-ml-py missing, no driver, or no such GPU); "
+                "install the gpu extra or pass --memory host"
+            )
+        self._total = first.total_bytes
+        self.description = f"GPU memory of {first.name} (NVML, whole device)"
+
+    def _reading(self) -> GpuMemoryReading:
+        reading = gpu_memory(self.index)
+        if reading is None:
+            raise UsageError(f"NVML stopped answering for GPU {self.index}; check the driver (nvidia-smi)")
+        return reading
+
+    def used(self) -> int:
+        return self._reading().used_bytes
+
+    def total(self) -> int:
+        return self._total
+
+    def details(self) -> dict:
+        reading = self._reading()
+        mine = set(self.pids()) if self.pids is not None else set()
+        visible = [p.used_bytes for p in reading.processes if p.pid in mine and p.used_bytes is not None]
+        return {"gpu": reading.name, "device_used_bytes": reading.used_bytes,
+                "server_processes_bytes": sum(visible) if visible else None}
+
+
+def choose_meter(kind: str, pids: Callable[[], Iterable[int]], *, instance_kind: str | None = None,
+                 gpu_index: int = 0) -> MemoryMeter:
+    """The meter for ``kind``: "gpu", "host", or "auto" = the GPU whenever NVML sees one,
+    unless the models are known to run on the CPU (``instance_kind`` KIND_CPU, e.g. cpu-local)."""
+    if kind not in MEMORY_KINDS:
+        raise UsageError(f"--memory {kind!r}: choose one of {', '.join(MEMORY_KINDS)}")
+    if kind == "host":
+        return HostMemoryMeter(pids)
+    if kind == "gpu":
+        return GpuMemoryMeter(gpu_index, pids)
+    count = gpu_device_count()
+    if count and count > gpu_index and instance_kind != "KIND_CPU":
+        return GpuMemoryMeter(gpu_index, pids)
+    return HostMemoryMeter(pids)

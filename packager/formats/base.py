@@ -9,6 +9,7 @@ from typing import Any, Callable, Mapping, Protocol
 import numpy as np
 
 from mme.progress import Reporter
+from mme.versions import Release
 from packager.model import LoadedModel
 from packager.spec import TensorSpec
 
@@ -19,9 +20,10 @@ Runner = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
 class ExportOptions:
     opset: int = 18
     max_batch_size: int = 16
-    precision: str = "fp32"  # fp32 | fp16 (TensorRT formats)
+    precision: str = "fp32"  # fp32 | tf32 | fp16 (GPU formats; see packager.formats.gpu)
     cpu_threads: int = 2  # ONNX Runtime intra-op threads in the cpu-local model
     workspace_gib: float = 4.0  # TensorRT builder workspace
+    hardware_compatible: bool = False  # engines for every Ampere-or-newer GPU, not only this one
 
 
 @dataclass(frozen=True)
@@ -61,8 +63,9 @@ class ModelFormat(Protocol):
     backend: str | None  # Triton backend (python) or None
     instance_kind: str  # KIND_GPU | KIND_CPU
 
-    def check_available(self) -> None:
-        """Raise GpuRequiredError (or MmeError) before any work if this format cannot be built here."""
+    def check_available(self, release: Release) -> None:
+        """Raise GpuRequiredError (or MmeError) before any work if this format cannot be built
+        here for ``release``."""
 
     def export(self, ctx: ExportContext) -> ExportedModel: ...
 

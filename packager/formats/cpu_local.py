@@ -7,6 +7,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
+from mme.versions import Release
 from packager.formats.base import ExportContext, ExportedModel, Runner
 from packager.formats.onnx_format import exported_onnx, onnx_session, onnx_versions, run_onnx
 
@@ -26,7 +27,7 @@ class CpuLocalFormat:
     instance_kind = "KIND_CPU"
     model_file = "model.onnx"
 
-    def check_available(self) -> None:
+    def check_available(self, release: Release) -> None:
         return None
 
     def export(self, ctx: ExportContext) -> ExportedModel:

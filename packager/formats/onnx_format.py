@@ -6,6 +6,7 @@ from pathlib import Path
 
 from mme.errors import ExportError
 from mme.progress import library_output_captured
+from mme.versions import Release
 from packager.formats.base import exception_summary
 from packager.formats.base import ExportContext, ExportedModel, Runner, package_version
 
@@ -86,7 +87,7 @@ class OnnxFormat:
     instance_kind = "KIND_GPU"
     model_file = "model.onnx"
 
-    def check_available(self) -> None:
+    def check_available(self, release: Release) -> None:
         return None
 
     def export(self, ctx: ExportContext) -> ExportedModel:

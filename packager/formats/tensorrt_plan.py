@@ -1,9 +1,10 @@
 """TensorRT plans for Triton's ``tensorrt_plan`` platform, built from the ONNX export.
 
-A plan runs only on the TensorRT version and GPU architecture it was built with; both
-are recorded in the manifest. TensorRT 11 dropped the weak-typing FP16 builder flag, so
-fp16 converts the ONNX graph to half precision (inputs and outputs kept fp32) and builds a
-strongly typed network; on TensorRT 10 the FP16 flag is used.
+A plan runs only on the TensorRT version and GPU architecture it was built with (any
+Ampere-or-newer GPU with ``--hardware-compatible``); the manifest records both. Precision
+follows :mod:`packager.formats.gpu`: FP32 clears TF32, FP16 uses the builder flag on
+TensorRT 10 and an FP16 ONNX graph (inputs and outputs kept FP32) on TensorRT 11. The
+engine inspector then says which precision its layers actually run in.
 """
 
 from __future__ import annotations
@@ -11,39 +12,53 @@ from __future__ import annotations
 from pathlib import Path
 
 from mme.errors import ExportError
+from mme.versions import Release
 from packager.formats.base import ExportContext, ExportedModel, Runner, package_version
-from packager.formats.gpu import gpu_details, profile_shapes, require_gpu
+from packager.formats.gpu import (
+    configure_builder,
+    engine_precision,
+    fp16_needs_fp16_graph,
+    gpu_details,
+    layer_precisions,
+    profile_shapes,
+    require_gpu,
+)
 from packager.formats.onnx_format import exported_onnx
 
 
-def _fp16_onnx(src: Path, workdir: Path) -> Path:
+def fp16_onnx(src: Path, dest: Path) -> Path:
+    """The ONNX graph with FP16 weights and arithmetic, FP32 inputs and outputs (what
+    TensorRT 11 builds an FP16 engine from)."""
+    import warnings
+
     import onnx
     from onnxconverter_common import float16
 
-    dest = workdir / "tensorrt" / "model_fp16.onnx"
     dest.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(float16.convert_float_to_float16(onnx.load(str(src)), keep_io_types=True), str(dest))
+    with warnings.catch_warnings():  # one line per weight clipped to FP16's range: expected, not news
+        warnings.simplefilter("ignore", UserWarning)
+        converted = float16.convert_float_to_float16(onnx.load(str(src)), keep_io_types=True)
+    onnx.save(converted, str(dest))
     return dest
 
 
-def build_plan(ctx: ExportContext, onnx_path: Path, dest: Path) -> None:
+def build_plan(ctx: ExportContext, onnx_path: Path, dest: Path) -> dict:
+    """Build and write the plan; return the builder settings and the engine's layer precisions."""
     import tensorrt as trt
 
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
-    flags = 0
-    legacy_fp16 = hasattr(trt.BuilderFlag, "FP16")
-    if ctx.options.precision == "fp16" and not legacy_fp16:
-        onnx_path = _fp16_onnx(onnx_path, ctx.workdir)
-    network = builder.create_network(flags)
+    precision = ctx.options.precision
+    if precision == "fp16" and fp16_needs_fp16_graph(trt):
+        onnx_path = fp16_onnx(onnx_path, ctx.workdir / "tensorrt" / "model_fp16.onnx")
+    network = builder.create_network(0)
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(onnx_path)):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise ExportError(f"TensorRT could not parse the ONNX export: {errors}")
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(ctx.options.workspace_gib * (1 << 30)))
-    if ctx.options.precision == "fp16" and legacy_fp16:
-        config.set_flag(trt.BuilderFlag.FP16)
+    settings = configure_builder(trt, config, precision, ctx.options.hardware_compatible)
     profile = builder.create_optimization_profile()
     for tensor, lo, opt, hi in profile_shapes(ctx.model.spec, ctx.options.max_batch_size):
         profile.set_shape(tensor.name, lo, opt, hi)
@@ -52,6 +67,11 @@ def build_plan(ctx: ExportContext, onnx_path: Path, dest: Path) -> None:
     if serialized is None:
         raise ExportError("TensorRT failed to build the engine; rerun with a smaller --max-batch-size or --workspace-gib")
     dest.write_bytes(bytes(serialized))
+    runtime = trt.Runtime(logger)
+    engine = runtime.deserialize_cuda_engine(dest.read_bytes())
+    counts = layer_precisions(engine.create_engine_inspector().get_engine_information(trt.LayerInformationFormat.JSON))
+    return {"builder_settings": settings, "layer_precisions": counts,
+            "engine_precision": engine_precision(counts, precision)}
 
 
 class TensorRTPlanFormat:
@@ -63,22 +83,25 @@ class TensorRTPlanFormat:
     instance_kind = "KIND_GPU"
     model_file = "model.plan"
 
-    def check_available(self) -> None:
+    def check_available(self, release: Release) -> None:
         require_gpu(self.name, ("tensorrt",))
+        check_release_tensorrt(release)
 
     def export(self, ctx: ExportContext) -> ExportedModel:
         import tensorrt as trt
 
         path = ctx.workdir / "tensorrt" / self.model_file
         path.parent.mkdir(parents=True, exist_ok=True)
-        build_plan(ctx, exported_onnx(ctx), path)
+        built = build_plan(ctx, exported_onnx(ctx), path)
         spec = ctx.model.spec
         return ExportedModel(
             format=self.name,
             files={self.model_file: path},
             inputs=spec.inputs,
             outputs=spec.outputs,
-            details={"tensorrt": trt.__version__, "precision": ctx.options.precision, **gpu_details()},
+            details={"tensorrt": trt.__version__, "precision": ctx.options.precision,
+                     "hardware_compatibility": "ampere_plus" if ctx.options.hardware_compatible else "none",
+                     **built, **gpu_details()},
         )
 
     def runner(self, exported: ExportedModel, ctx: ExportContext) -> Runner:
@@ -112,4 +135,29 @@ class TensorRTPlanFormat:
         return run
 
     def versions(self) -> dict[str, str]:
-        return {"tensorrt": package_version("tensorrt") or package_version("tensorrt-cu13") or "unknown"}
+        return {"tensorrt": installed_tensorrt() or "unknown"}
+
+
+def check_release_tensorrt(release: Release) -> None:
+    """Refuse before any work when the installed TensorRT is not the release's: the plan
+    would never load in that release's Triton."""
+    from mme.errors import GpuRequiredError
+    from mme.versions import same_tensorrt
+
+    installed = installed_tensorrt()
+    if installed and release.tensorrt and not same_tensorrt(installed, release.tensorrt):
+        raise GpuRequiredError(
+            f"TensorRT {installed} is installed but Triton {release.name} runs TensorRT {release.tensorrt}, and a plan "
+            f"loads only on the TensorRT it was built with: install the release's (make install-gpu installs the "
+            f"default release's), build in the builder image (make docker-package TRITON_RELEASE={release.name}), "
+            f"or pick the release that runs {installed} with --triton-release"
+        )
+
+
+def installed_tensorrt() -> str | None:
+    """The TensorRT Python package's version, whichever CUDA flavour of it is installed."""
+    for name in ("tensorrt", "tensorrt-cu13", "tensorrt-cu12"):
+        found = package_version(name)
+        if found:
+            return found
+    return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from mme.errors import ExportError
 from mme.progress import library_output_captured
+from mme.versions import Release
 from packager.formats.base import exception_summary, ExportContext, ExportedModel, Runner, package_version, positional_names
 
 
@@ -45,7 +46,7 @@ class TorchScriptFormat:
     instance_kind = "KIND_GPU"
     model_file = "model.pt"
 
-    def check_available(self) -> None:
+    def check_available(self, release: Release) -> None:
         return None
 
     def export(self, ctx: ExportContext) -> ExportedModel:

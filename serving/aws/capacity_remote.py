@@ -37,7 +37,8 @@ from serving.aws.s3push import (
     Artifact, TransferSettings, copy_object, execute_push, head, load_artifact, matches, plan_push, verify,
 )
 from serving.aws.session import S3Uri, aws_errors, error_code, error_message
-from serving.capacity import CapacityReport, CapacityStep, Projection, load_instances, predict
+from serving.capacity import CapacityReport, CapacityStep, Projection, predict
+from serving.instances import load_instances
 from serving.copies import copy_name
 
 METRICS_MODEL = "gpu-metrics"

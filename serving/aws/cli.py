@@ -46,6 +46,10 @@ def register_push(subparsers: Any) -> None:
     p.add_argument("--copies", type=int, default=0, metavar="N", help="also make <name>-v1..vN.tar.gz (default: 0)")
     p.add_argument("--dry-run", action="store_true", help="print what would be uploaded, copied and skipped; write nothing")
     p.add_argument("--allow-random-weights", action="store_true", help="push an artifact packaged with random weights (load tests)")
+    p.add_argument("--instance-type", help="check the artifact loads on this instance type's GPU (TensorRT plans: "
+                   "the compute capability they were built for)")
+    p.add_argument("--image-uri", help="the image you will serve with, for a release AWS publishes no SageMaker image "
+                   "for (recorded; mme deploy uses it)")
     p.add_argument("--multipart-threshold", type=byte_size, default=64 << 20, help="multipart upload above this size (64M)")
     p.add_argument("--multipart-chunksize", type=byte_size, default=64 << 20, help="part size of multipart uploads (64M)")
     p.add_argument("--max-concurrency", type=positive_int, default=4, help="parallel part uploads (4)")
@@ -62,6 +66,7 @@ def run_push(args: argparse.Namespace) -> int:
     request = PushRequest(
         artifact=Path(args.artifact), destination=destination, copies=args.copies,
         allow_random_weights=args.allow_random_weights, dry_run=args.dry_run,
+        instance_type=args.instance_type, image_uri=args.image_uri,
         settings=TransferSettings(args.multipart_threshold, args.multipart_chunksize, args.max_concurrency),
     )
     session = boto3_session(args.region)
@@ -269,7 +274,10 @@ def register_compile(subparsers: Any) -> None:
     p.add_argument("--role", required=True, metavar="ARN", help="SageMaker execution role")
     p.add_argument("--image-uri", help="build image (default: the SageMaker Triton image of the artifact's release)")
     p.add_argument("--triton-release", help="release of mme/versions.toml (default: the artifact's)")
-    p.add_argument("--precision", choices=("fp16", "fp32"), default="fp16", help="default: fp16")
+    p.add_argument("--precision", choices=("fp32", "tf32", "fp16"), default="fp16",
+                   help="fp32 (TF32 off), tf32, or fp16 (default: %(default)s)")
+    p.add_argument("--hardware-compatible", action="store_true",
+                   help="an engine that loads on every Ampere-or-newer GPU, not only the instance's")
     p.add_argument("--max-batch-size", type=positive_int, help="profile's max batch (default: the manifest's)")
     p.add_argument("--workspace-mib", type=positive_int, default=4096, help="TensorRT workspace (4096)")
     p.add_argument("--out", help="artifact directory to write (default: artifacts/<model>/tensorrt)")
@@ -293,7 +301,7 @@ def run_compile(args: argparse.Namespace) -> int:
     request = remote.CompileRequest(
         artifact=Path(args.artifact), s3=args.s3, instance_type=args.instance_type, role_arn=args.role,
         region=args.region, image_uri=args.image_uri, triton_release=args.triton_release, precision=args.precision,
-        max_batch_size=args.max_batch_size, workspace_mib=args.workspace_mib, out=Path(args.out) if args.out else None,
+        hardware_compatible=args.hardware_compatible, max_batch_size=args.max_batch_size, workspace_mib=args.workspace_mib, out=Path(args.out) if args.out else None,
         volume_gb=args.volume_gb, max_runtime_s=args.max_runtime, timeout_s=args.timeout,
         poll_interval_s=args.poll_interval, state_dir=Path(args.state_dir), s3_endpoint_url=args.s3_endpoint_url,
         retry=args.retry, dry_run=args.dry_run,

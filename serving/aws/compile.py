@@ -30,7 +30,8 @@ from typing import Any, Callable
 from mme import __version__
 from mme.fsutil import deterministic_tar_gz, sha256_of, staged_directory
 from mme.progress import Reporter
-from mme.versions import release as triton_release, same_tensorrt
+from mme.versions import release as triton_release, require_sagemaker_image, same_tensorrt
+from packager.compat import check_release_on_gpu
 from serving.aws.errors import AwsError, CompileFailed, Interrupted, WaitTimeout
 from serving.aws.images import check_image_uri, triton_image_uri
 from serving.aws.s3push import SHA_KEY, TransferSettings, head, matches, upload_file, verify
@@ -46,6 +47,7 @@ from serving.aws.session import (
     s3_fail,
 )
 from serving.aws.state import DEFAULT_COMPILE_DIR, SCHEMA_VERSION, StateDir, now_iso
+from serving.instances import instance_gpu
 
 ENTRY_SCRIPT = Path(__file__).with_name("trt_build_entry.py")
 CODE_DIR = "/opt/ml/input/data/code"
@@ -67,6 +69,7 @@ class CompileRequest:
     image_uri: str | None = None
     triton_release: str | None = None
     precision: str = "fp16"
+    hardware_compatible: bool = False  # an engine for every Ampere-or-newer GPU
     max_batch_size: int | None = None  # default: the manifest's
     workspace_mib: int = 4096
     out: Path | None = None  # default: <artifact>/../tensorrt
@@ -117,8 +120,10 @@ def load_onnx_artifact(directory: Path) -> OnnxArtifact:
 
 
 def profile_shapes(manifest: Any, max_batch: int) -> dict[str, dict[str, list[int]]]:
-    """min/opt/max shape per input: batch 1..max (opt half of it), dynamic axes 1..their max
-    (opt at the max), as ``packager.formats.gpu.profile_shapes`` builds them locally."""
+    """min/opt/max shape per input: batch 1..max (opt: ``opt_batch``), dynamic axes 1..their
+    max (opt at the max), as ``packager.formats.gpu.profile_shapes`` builds them locally."""
+    from packager.formats.gpu import opt_batch
+
     axes_max = dict(manifest.details.get("axes_max") or {})
     shapes: dict[str, dict[str, list[int]]] = {"min": {}, "opt": {}, "max": {}}
     for tensor in manifest.inputs:
@@ -137,7 +142,7 @@ def profile_shapes(manifest: Any, max_batch: int) -> dict[str, dict[str, list[in
                 high.append(int(dim))
         if max_batch > 0:
             shapes["min"][tensor["name"]] = [1] + low
-            shapes["opt"][tensor["name"]] = [max(1, max_batch // 2)] + high
+            shapes["opt"][tensor["name"]] = [opt_batch(max_batch)] + high
             shapes["max"][tensor["name"]] = [max_batch] + high
         elif low != high:  # no batch dimension, but dynamic axes
             shapes["min"][tensor["name"]] = low
@@ -170,6 +175,7 @@ class CompilePlan:
     state_path: Path
     max_batch_size: int
     precision: str
+    fp16_graph: bool = False  # the job builds from an FP16 ONNX graph converted here (TensorRT 11)
 
     def lines(self) -> list[str]:
         head = [
@@ -215,8 +221,8 @@ def check_request(request: CompileRequest) -> None:
     check_role_arn(request.role_arn)
     if request.image_uri:
         check_image_uri(request.image_uri)
-    if request.precision not in ("fp16", "fp32"):
-        raise AwsError(f"--precision {request.precision!r} must be fp16 or fp32")
+    if request.precision not in ("fp32", "tf32", "fp16"):
+        raise AwsError(f"--precision {request.precision!r} must be fp32, tf32 or fp16")
     if request.max_batch_size is not None and request.max_batch_size < 1:
         raise AwsError(f"--max-batch-size must be 1 or more (got {request.max_batch_size})")
     S3Uri.parse(request.s3)
@@ -233,7 +239,12 @@ def plan_compile(request: CompileRequest, region: str, s3: Any, store: StateDir,
     max_batch = request.max_batch_size or int(manifest.triton.get("max_batch_size") or 0)
     release = request.triton_release or str(manifest.triton.get("target", {}).get("release") or "") or None
     rel = triton_release(release)
+    require_sagemaker_image(rel, request.image_uri, "run the compile job in its Triton image")
+    gpu = instance_gpu(request.instance_type)
+    check_release_on_gpu(rel, gpu.compute_capability, gpu.describe(request.instance_type))
     image = request.image_uri or triton_image_uri(region, rel.name)
+    # TensorRT 11 has no FP16 flag: the job builds FP16 from an FP16 graph, converted here.
+    fp16_graph = request.precision == "fp16" and (tensorrt_major(rel.tensorrt) or 0) >= 11
     base = job_base_name(artifact.model, request.instance_type, artifact.sha256, request.precision)
     state = store.read(base)
     attempt = 1
@@ -247,6 +258,8 @@ def plan_compile(request: CompileRequest, region: str, s3: Any, store: StateDir,
         "model": artifact.model,
         "onnx_sha256": artifact.sha256,
         "precision": request.precision,
+        "fp16_graph": fp16_graph,
+        "hardware_compatible": request.hardware_compatible,
         "workspace_mib": request.workspace_mib,
         "max_batch_size": max_batch,
         "shapes": profile_shapes(manifest, max_batch),
@@ -257,8 +270,15 @@ def plan_compile(request: CompileRequest, region: str, s3: Any, store: StateDir,
         image_uri=image, release=rel.name, input_uri=input_uri, code_uri=code_uri, output_uri=output_uri,
         build_config=build_config, create_training_job=_job_request(name, request, image, input_uri, code_uri, output_uri),
         out_dir=Path(request.out) if request.out else artifact.directory.parent / "tensorrt",
-        state_path=store.path(base), max_batch_size=max_batch, precision=request.precision,
+        state_path=store.path(base), max_batch_size=max_batch, precision=request.precision, fp16_graph=fp16_graph,
     )
+
+
+def tensorrt_major(version: str | None) -> int | None:
+    try:
+        return int(str(version).split(".")[0])
+    except ValueError:
+        return None
 
 
 # --- S3 inputs ---------------------------------------------------------------------------
@@ -280,15 +300,23 @@ def _put_bytes(s3: Any, uri: str, data: bytes) -> None:
 
 
 def upload_inputs(s3: Any, plan: CompilePlan, artifact: OnnxArtifact, settings: TransferSettings, reporter: Reporter) -> None:
-    model_uri = S3Uri.parse(plan.input_uri)
-    key = model_uri.key("model.onnx")
-    size = artifact.onnx.stat().st_size
-    if matches(head(s3, model_uri.bucket, key), artifact.sha256, size):
-        reporter.info(f"  {plan.input_uri}model.onnx: unchanged")
-    else:
-        reporter.info(f"  uploading {artifact.onnx} -> {plan.input_uri}model.onnx")
-        upload_file(s3, artifact.onnx, model_uri.bucket, key, {SHA_KEY: artifact.sha256}, settings, reporter)
-        verify(s3, model_uri.bucket, key, artifact.sha256, size)
+    with tempfile.TemporaryDirectory(prefix=".mme-compile-") as tmp:
+        onnx, sha = artifact.onnx, artifact.sha256
+        if plan.fp16_graph:
+            from packager.formats.tensorrt_plan import fp16_onnx
+
+            reporter.info(f"  converting {artifact.onnx} to an FP16 graph (TensorRT 11 builds FP16 from FP16 graphs)")
+            onnx = fp16_onnx(artifact.onnx, Path(tmp) / "model.onnx")
+            sha = sha256_of(onnx)
+        model_uri = S3Uri.parse(plan.input_uri)
+        key = model_uri.key("model.onnx")
+        size = onnx.stat().st_size
+        if matches(head(s3, model_uri.bucket, key), sha, size):
+            reporter.info(f"  {plan.input_uri}model.onnx: unchanged")
+        else:
+            reporter.info(f"  uploading {onnx} -> {plan.input_uri}model.onnx")
+            upload_file(s3, onnx, model_uri.bucket, key, {SHA_KEY: sha}, settings, reporter)
+            verify(s3, model_uri.bucket, key, sha, size)
     _put_bytes(s3, plan.code_uri + ENTRY_SCRIPT.name, ENTRY_SCRIPT.read_bytes())
     _put_bytes(s3, plan.code_uri + "build_config.json", (json.dumps(plan.build_config, indent=2) + "\n").encode())
 
@@ -403,6 +431,8 @@ def write_tensorrt_artifact(plan: CompilePlan, artifact: OnnxArtifact, plan_file
         details = {
             "tensorrt": version,
             "precision": plan.precision,
+            "builder_settings": {"command": info.get("command")} if info.get("command") else {},
+            "hardware_compatibility": "ampere_plus" if plan.build_config.get("hardware_compatible") else "none",
             "gpu": info.get("gpu", "unknown"),
             "compute_capability": info.get("compute_capability", "unknown"),
             "built_on": plan.instance_type,

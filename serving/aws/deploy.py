@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mme.progress import Reporter
-from mme.versions import release as triton_release
+from mme.versions import release as triton_release, require_sagemaker_image
 from serving.aws.errors import AwsError, DeployError, EndpointFailed, Interrupted, S3Error, WaitTimeout
 from serving.aws.images import check_image_uri, triton_image_uri
+from serving.instances import instance_gpu
 from serving.aws.session import (
     S3Uri,
     aws_errors,
@@ -199,6 +200,21 @@ def _object_metadata(s3: Any, uri: S3Uri, name: str) -> dict[str, str]:
         raise s3_fail(exc, "read", uri.url(uri.key(name)), "s3:GetObject") from None
 
 
+def check_engine_for_endpoint(metadata: dict[str, str], rel: Any, instance_type: str, own_image: bool) -> None:
+    """Refuse, before anything is created, what would fail to load on the endpoint: an engine
+    for another TensorRT or Torch-TensorRT than the release's (unless the image is the user's
+    own), or for another GPU than the instance's, or a release that does not run on that GPU."""
+    from packager.compat import EngineFacts, check_artifact, check_gpu
+
+    facts = EngineFacts.from_s3_metadata(metadata)
+    gpu = instance_gpu(instance_type)
+    where = gpu.describe(instance_type)
+    if own_image:
+        check_gpu(facts, gpu.compute_capability, where)
+    else:
+        check_artifact(facts, rel, compute_capability=gpu.compute_capability, where=where)
+
+
 def plan_deploy(request: DeployRequest, session: Any, s3: Any, reporter: Reporter) -> DeployPlan:
     """Validate everything and build the three create requests; makes no SageMaker call."""
     check_request(request)
@@ -226,13 +242,11 @@ def plan_deploy(request: DeployRequest, session: Any, s3: Any, reporter: Reporte
         model_data_url = uri.url()
     if metadata.get("mme-format") == "cpu-local":
         reporter.warn(f"{model_data_url} holds the cpu-local format, which the SageMaker Triton image cannot run; push onnx, torchscript or tensorrt")
-    release = request.triton_release or metadata.get("mme-triton-release") or None
-    image = request.image_uri or triton_image_uri(region, release)
-    if metadata.get("mme-tensorrt") and not request.image_uri:
-        from packager.compat import check_plan_compatible
-
-        check_plan_compatible({"model": metadata.get("mme-model"), "format": metadata.get("mme-format"),
-                               "versions": {"tensorrt": metadata["mme-tensorrt"]}}, triton_release(release))
+    rel = triton_release(request.triton_release or metadata.get("mme-triton-release") or None)
+    own_image = request.image_uri or metadata.get("mme-image-uri")
+    require_sagemaker_image(rel, own_image, "deploy it")
+    image = own_image or triton_image_uri(region, rel.name)
+    check_engine_for_endpoint(metadata, rel, request.instance_type, own_image is not None)
     default_base = uri.prefix.rstrip("/").rsplit("/", 1)[-1] or uri.bucket
     if request.mode == SINGLE and target:
         default_base = target[: -len(".tar.gz")]

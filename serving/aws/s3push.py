@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from mme.fsutil import sha256_of
 from mme.progress import Reporter
-from mme.versions import release as triton_release
+from mme.versions import release as triton_release, require_sagemaker_image
 from serving.aws.errors import AwsError, RandomWeightsRefused, S3Error, VerificationError
 from serving.aws.session import S3Uri, aws_errors, check_bucket, error_code, s3_fail
 from serving.copies import _COPY, copy_name
@@ -43,26 +43,42 @@ class Artifact:
     sha256: str
     size: int
     tensorrt: str | None = None  # engines only: the TensorRT they were built with
-
+    engine: dict[str, str] = field(default_factory=dict)  # engines only: S3 metadata of EngineFacts
+    image_uri: str | None = None  # the image it will be served with, when not AWS's
 
     def metadata(self, copy_of: str | None = None) -> dict[str, str]:
+        """x-amz-meta-* of each object: what `mme deploy` checks against the endpoint it creates."""
         meta = {
             SHA_KEY: self.sha256,
             "mme-model": self.model,
             "mme-format": self.format,
             "mme-weights": self.weights,
             "mme-triton-release": self.triton_release,
+            **self.engine,
         }
-        if self.tensorrt:
-            meta["mme-tensorrt"] = self.tensorrt
+        if self.image_uri:
+            meta["mme-image-uri"] = self.image_uri
         if copy_of:
             meta["mme-copy-of"] = copy_of
         return meta
 
 
-def load_artifact(directory: Path, allow_random_weights: bool = False, reporter: Reporter | None = None) -> Artifact:
-    """Read the manifest, refuse random weights unless allowed, check the tarball is the packaged one."""
-    from packager.compat import check_plan_compatible, engine_format
+def engine_metadata(facts) -> dict[str, str]:
+    """The engine facts of a manifest as S3 metadata (read back by EngineFacts.from_s3_metadata)."""
+    if not facts.has_engine:
+        return {}
+    fields = {"mme-tensorrt": facts.tensorrt, "mme-torch-tensorrt": facts.torch_tensorrt,
+              "mme-torch-tensorrt-abi": facts.torch_tensorrt_abi, "mme-torch": facts.torch,
+              "mme-compute-capability": facts.compute_capability,
+              "mme-hardware-compatibility": facts.hardware_compatibility}
+    return {key: value for key, value in fields.items() if value}
+
+
+def load_artifact(directory: Path, allow_random_weights: bool = False, reporter: Reporter | None = None, *,
+                  instance_type: str | None = None, image_uri: str | None = None) -> Artifact:
+    """Read the manifest, refuse random weights unless allowed, check the tarball is the packaged
+    one, and that its engine (if any) loads in its release and on ``instance_type``'s GPU."""
+    from packager.compat import EngineFacts, check_artifact, compat_warnings
     from packager.manifest import Manifest
 
     directory = Path(directory)
@@ -87,11 +103,20 @@ def load_artifact(directory: Path, allow_random_weights: bool = False, reporter:
     if recorded is not None and (recorded.sha256 != sha or recorded.bytes != size):
         raise AwsError(f"{tarball} differs from the one recorded in its manifest; re-run 'mme package' instead of editing artifacts")
     release = str(manifest.triton.get("target", {}).get("release", ""))
-    tensorrt = None
-    if engine_format(manifest.to_dict()) is not None:
-        check_plan_compatible(manifest, triton_release(release or None))  # an engine for another TensorRT never loads
-        tensorrt = str(manifest.versions.get("tensorrt") or "") or None
-    return Artifact(directory, manifest.model, manifest.format, weights, release, tarball, sha, size, tensorrt)
+    rel = triton_release(release or None)
+    facts = EngineFacts.of(manifest)
+    cc, where = None, "the target GPU"
+    if instance_type:
+        from serving.instances import instance_gpu
+
+        gpu = instance_gpu(instance_type)
+        cc, where = gpu.compute_capability, gpu.describe(instance_type)
+    check_artifact(facts, rel, compute_capability=cc, where=where)  # an engine that cannot load there never will
+    for line in compat_warnings(facts, rel):
+        if reporter is not None:
+            reporter.warn(line)
+    return Artifact(directory, manifest.model, manifest.format, weights, rel.name, tarball, sha, size,
+                    facts.tensorrt if facts.has_engine else None, engine_metadata(facts), image_uri)
 
 
 @dataclass(frozen=True)
@@ -376,6 +401,8 @@ class PushRequest:
     allow_random_weights: bool = False
     dry_run: bool = False
     settings: TransferSettings = field(default_factory=TransferSettings)
+    instance_type: str | None = None  # check the artifact against this instance's GPU
+    image_uri: str | None = None  # serving image when AWS publishes none for the release
 
 
 def push(s3: Any, request: PushRequest, reporter: Reporter, hooks: PushHooks = PushHooks(),
@@ -383,7 +410,9 @@ def push(s3: Any, request: PushRequest, reporter: Reporter, hooks: PushHooks = P
     """Plan, print the plan, and (unless dry run) carry it out and verify every write."""
     if request.copies < 0:
         raise AwsError(f"--copies must be 0 or more (got {request.copies})")
-    artifact = load_artifact(request.artifact, request.allow_random_weights, reporter)
+    artifact = load_artifact(request.artifact, request.allow_random_weights, reporter,
+                             instance_type=request.instance_type, image_uri=request.image_uri)
+    require_sagemaker_image(triton_release(artifact.triton_release), request.image_uri, "serve what you push")
     if artifact.format == "cpu-local":
         reporter.warn(
             "the cpu-local format runs ONNX Runtime inside Triton's python backend, which the SageMaker Triton "

@@ -7,7 +7,16 @@ with. Standard library only (Python 3.8+): the image has no extra packages.
     python3 build_plan.py /opt/ml/input/data/code/build_config.json
 
 Builder, in order: ``trtexec`` (on PATH or /usr/src/tensorrt/bin), the TensorRT Python
-module, or, when allowed, ``pip install tensorrt==<the image's libnvinfer version>``.
+module, or, when allowed, ``pip install tensorrt-cu<CUDA major>==<the image's libnvinfer
+version>.*`` from NVIDIA's index. Precision uses what the TensorRT major found here takes:
+
+* fp32: TF32 off (``--noTF32`` / ``clear_flag(TF32)``: it is on by default);
+* tf32: the defaults;
+* fp16: TensorRT 10 and older: ``--fp16`` / ``BuilderFlag.FP16``; TensorRT 11 has neither
+  (unknown options make trtexec fail), so it builds from the FP16 ONNX graph that
+  ``mme compile`` converts and uploads (``"fp16_graph": true``), strongly typed. An FP16
+  build is never silently built in FP32.
+
 Writes ``model.plan`` and ``build_info.json`` (TensorRT version, GPU, builder, command) to
 the model directory, which SageMaker uploads as ``output/model.tar.gz``. On failure the
 reason goes to ``/opt/ml/output/failure``, which SageMaker reports as FailureReason.
@@ -48,16 +57,58 @@ def find_trtexec() -> str | None:
     return None
 
 
-def trtexec_command(trtexec: str, config: dict, onnx: str, plan: str) -> list:
+def major_of(version) -> int | None:
+    try:
+        return int(str(version).split(".")[0])
+    except ValueError:
+        return None
+
+
+def fp16_impossible(major: int) -> BuildError:
+    return BuildError(
+        "TensorRT {} has no FP16 flag (networks are strongly typed) and the uploaded ONNX graph is FP32; "
+        "re-run mme compile with --triton-release of a TensorRT 11 release so it uploads an FP16 graph, "
+        "or --precision fp32".format(major)
+    )
+
+
+def precision_flags(major: int | None, config: dict) -> list:
+    """trtexec's precision options for the TensorRT major found in the image."""
+    precision = config.get("precision", "fp32")
+    fp16_graph = bool(config.get("fp16_graph"))
+    if precision == "fp32":
+        return ["--noTF32"]
+    if precision == "tf32":
+        return []
+    if precision != "fp16":
+        raise BuildError("unknown precision {!r}; use fp32, tf32 or fp16".format(precision))
+    if fp16_graph:
+        return [] if (major or 0) >= 11 else ["--stronglyTyped"]
+    if major is not None and major >= 11:
+        raise fp16_impossible(major)
+    return ["--fp16"]
+
+
+def trtexec_command(trtexec: str, config: dict, onnx: str, plan: str, major: int | None = None) -> list:
     command = [trtexec, "--onnx=" + onnx, "--saveEngine=" + plan]
     shapes = config["shapes"]
     if shapes.get("min"):
         command += ["--minShapes=" + shape_arg(shapes["min"]), "--optShapes=" + shape_arg(shapes["opt"]),
                     "--maxShapes=" + shape_arg(shapes["max"])]
     command.append("--memPoolSize=workspace:{}M".format(int(config.get("workspace_mib", 4096))))
-    if config.get("precision") == "fp16":
-        command.append("--fp16")
+    command += precision_flags(major, config)
+    if config.get("hardware_compatible"):
+        command.append("--hardwareCompatibilityLevel=ampere+")
     return command
+
+
+def trtexec_version(trtexec: str) -> str | None:
+    """The TensorRT version trtexec reports (it prints ``[TensorRT v100400]`` on every run)."""
+    try:
+        proc = subprocess.run([trtexec, "--help"], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return version_from_trtexec_output(proc.stdout + proc.stderr)
 
 
 def version_from_trtexec_output(text: str) -> str | None:
@@ -96,7 +147,8 @@ def gpu_info() -> dict:
 
 
 def build_with_trtexec(trtexec: str, config: dict, onnx: str, plan: str) -> dict:
-    command = trtexec_command(trtexec, config, onnx, plan)
+    known = library_version() or trtexec_version(trtexec)
+    command = trtexec_command(trtexec, config, onnx, plan, major_of(known) if known else None)
     print("running: " + " ".join(command), flush=True)
     proc = subprocess.run(command, capture_output=True, text=True)
     sys.stdout.write(proc.stdout[-20000:])
@@ -112,17 +164,28 @@ def build_with_python(trt, config: dict, onnx: str, plan: str) -> dict:
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
     major = int(trt.__version__.split(".")[0])
+    precision = config.get("precision", "fp32")
+    fp16_graph = bool(config.get("fp16_graph"))
+    legacy_fp16 = hasattr(trt.BuilderFlag, "FP16")
+    if precision == "fp16" and not fp16_graph and not legacy_fp16:
+        raise fp16_impossible(major)
     flags = 0
     if major < 10 and hasattr(trt.NetworkDefinitionCreationFlag, "EXPLICIT_BATCH"):
         flags = 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
+    if precision == "fp16" and fp16_graph and legacy_fp16 and hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
+        flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(onnx):
         raise BuildError("TensorRT could not parse the ONNX model: " + "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors)))
     build_config = builder.create_builder_config()
     build_config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(config.get("workspace_mib", 4096)) << 20)
-    if config.get("precision") == "fp16" and hasattr(trt.BuilderFlag, "FP16"):
+    if precision == "fp32":
+        build_config.clear_flag(trt.BuilderFlag.TF32)
+    elif precision == "fp16" and not fp16_graph:
         build_config.set_flag(trt.BuilderFlag.FP16)
+    if config.get("hardware_compatible"):
+        build_config.hardware_compatibility_level = trt.HardwareCompatibilityLevel.AMPERE_PLUS
     shapes = config["shapes"]
     if shapes.get("min"):
         profile = builder.create_optimization_profile()
@@ -144,6 +207,27 @@ def build_with_python(trt, config: dict, onnx: str, plan: str) -> dict:
     return {"builder": "python", "tensorrt": trt.__version__, "io_dtypes": io_dtypes}
 
 
+NVIDIA_INDEX = "https://pypi.nvidia.com"
+
+
+def pip_requirement(library: str, cuda: int | None) -> str:
+    """The pip requirement for the TensorRT bindings of libnvinfer ``library`` (x.y.z): PyPI
+    versions have four parts (10.13.3.9), so the build number is a wildcard."""
+    return "tensorrt-cu{}=={}.*".format(cuda or 12, ".".join(library.split(".")[:3]))
+
+
+def cuda_major() -> int | None:
+    """The image's CUDA major: $CUDA_VERSION (NVIDIA's images set it), else libcudart's name."""
+    value = os.environ.get("CUDA_VERSION", "")
+    if value[:2].isdigit() or value[:1].isdigit():
+        return major_of(value)
+    for path in sorted(glob.glob("/usr/local/cuda*/lib64/libcudart.so.*")):
+        match = re.search(r"libcudart\.so\.(\d+)", path)
+        if match:
+            return int(match.group(1))
+    return None
+
+
 def import_tensorrt(allow_pip: bool):
     try:
         import tensorrt  # noqa: F401 - may be absent from the image
@@ -155,8 +239,10 @@ def import_tensorrt(allow_pip: bool):
     version = library_version()
     if version is None:
         return None
-    print("installing tensorrt=={} to match the image's libnvinfer".format(version), flush=True)
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-cache-dir", "tensorrt=={}".format(version)])
+    requirement = pip_requirement(version, cuda_major())
+    print("installing {} to match the image's libnvinfer {}".format(requirement, version), flush=True)
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-cache-dir",
+                           "--extra-index-url", NVIDIA_INDEX, requirement])
     if proc.returncode != 0:
         return None
     try:

@@ -25,7 +25,7 @@ import urllib.error
 import urllib.request
 import uuid
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Mapping, Sequence
 
 import psutil
@@ -34,6 +34,10 @@ from mme.errors import MmeError
 
 DEFAULT_SAGEMAKER_PORT = 8080
 INSTANCE_ENV = "MME_TRITON_INSTANCE"  # marks the processes of one TritonServer object
+# Where SageMaker puts each target: <root>/<hash>/model. Triton 2.70+ refuses (400) a load
+# url outside it (src/sagemaker_server.cc: model_path_regex_).
+SAGEMAKER_MODEL_ROOT = PurePosixPath("/opt/ml/models")
+SAGEMAKER_ROOT_REQUIRED_SINCE = (2, 70)
 
 
 class TritonServerError(MmeError):
@@ -42,6 +46,18 @@ class TritonServerError(MmeError):
 
 class TritonStartupError(TritonServerError):
     """tritonserver exited or did not answer ``GET /ping`` in time."""
+
+
+class ModelRootError(TritonServerError):
+    """The model cache is somewhere this server cannot load models from."""
+
+
+def parse_version(text: str | None) -> tuple[int, ...] | None:
+    """``"2.71.0"`` -> (2, 71, 0); None for anything else."""
+    parts = (text or "").strip().split(".")
+    if len(parts) < 2 or not all(p.isdigit() for p in parts):
+        return None
+    return tuple(int(p) for p in parts)
 
 
 @dataclass(frozen=True)
@@ -206,6 +222,17 @@ class TritonServer(abc.ABC):
     @property
     def name(self) -> str:
         return type(self).__name__
+
+    # -- where models are loaded from ------------------------------------------------------
+    @classmethod
+    def required_model_root(cls) -> Path | None:
+        """The one directory this server loads models from (the cache must live there), or
+        None when any directory will do."""
+        return None
+
+    def model_url(self, model_dir: Path) -> str:
+        """The ``url`` for ``POST /models`` of a model directory on this host, as the server sees it."""
+        return str(model_dir)
 
     # -- URLs -------------------------------------------------------------------------
     @property

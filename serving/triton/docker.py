@@ -1,9 +1,11 @@
 """Triton in NVIDIA's container, for GPU hosts: ``docker run --gpus all ... tritonserver``
 in SageMaker multi-model mode, the way SageMaker runs its Triton image.
 
-Model directories the container must read (the local model cache) are mounted at the
-same path inside the container, so the ``url`` given to ``POST /models`` is the same on
-both sides. The container's empty model repository is mounted from the host too.
+The model cache (``model_root``, holding ``<hash>/model`` per target) is mounted read-only
+at ``/opt/ml/models``, where SageMaker puts it, so every load url has the form Triton 2.70+
+requires (``/opt/ml/models/<hash>/model``); :meth:`DockerTritonServer.model_url` maps a
+host directory to that path. The container's empty model repository is mounted from the
+host too.
 """
 
 from __future__ import annotations
@@ -14,12 +16,19 @@ import shutil
 import subprocess
 import uuid
 from pathlib import Path
-from typing import Sequence
 
 import psutil
 
 from mme.versions import release
-from serving.triton.base import TritonServer, TritonServerConfig, TritonServerError, alive, port_arguments
+from serving.triton.base import (
+    SAGEMAKER_MODEL_ROOT,
+    ModelRootError,
+    TritonServer,
+    TritonServerConfig,
+    TritonServerError,
+    alive,
+    port_arguments,
+)
 
 CONTAINER_REPOSITORY = "/opt/mme/model-repository"
 
@@ -59,7 +68,7 @@ class DockerTritonServer(TritonServer):
         config: TritonServerConfig | None = None,
         *,
         image: str | None = None,
-        model_dirs: Sequence[Path] = (),
+        model_root: Path | None = None,
         shm_size: str = "2g",
         gpus: str | None = "all",
         docker: str = "docker",
@@ -67,7 +76,7 @@ class DockerTritonServer(TritonServer):
     ) -> None:
         super().__init__(config)
         self.image = image or release().triton_container
-        self.model_dirs = tuple(Path(d).resolve() for d in model_dirs)
+        self.model_root = Path(model_root).resolve() if model_root is not None else None
         self.shm_size = shm_size
         self.gpus = gpus
         self.docker = docker
@@ -101,8 +110,8 @@ class DockerTritonServer(TritonServer):
         for key, value in sorted(config.env.items()):
             argv += ["-e", f"{key}={value}"]
         argv += ["-v", f"{model_repository}:{CONTAINER_REPOSITORY}:ro"]
-        for directory in self.model_dirs:
-            argv += ["-v", f"{directory}:{directory}:ro"]
+        if self.model_root is not None:
+            argv += ["-v", f"{self.model_root}:{SAGEMAKER_MODEL_ROOT}:ro"]
         argv += [
             self.image,
             "tritonserver",
@@ -116,6 +125,18 @@ class DockerTritonServer(TritonServer):
 
     def _environment(self) -> dict[str, str]:
         return dict(os.environ)  # the server's variables go to the container with -e
+
+    def model_url(self, model_dir: Path) -> str:
+        """``<model_root>/<hash>/model`` on the host -> ``/opt/ml/models/<hash>/model`` inside."""
+        if self.model_root is None:
+            raise ModelRootError("DockerTritonServer has no model_root mounted; create it with model_root=<the model cache>")
+        try:
+            relative = Path(model_dir).resolve().relative_to(self.model_root)
+        except ValueError:
+            raise ModelRootError(
+                f"{model_dir} is outside the mounted model cache {self.model_root}; the container cannot read it"
+            ) from None
+        return str(SAGEMAKER_MODEL_ROOT / relative.as_posix())
 
     def container_pid(self) -> int | None:
         """The container's main process as the host sees it, while the container runs."""

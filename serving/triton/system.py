@@ -4,6 +4,11 @@ as a local child process. This is what ``mme serve`` uses inside the serving ima
 (docker/serving/Dockerfile), where there is no Docker to start another container and the
 pytriton wheel's binary (python backend only) would lose the native backends.
 
+Triton 2.70+ loads models only from ``/opt/ml/models/<hash>/model`` (the path SageMaker
+uses), so :meth:`SystemTritonServer.required_model_root` asks for the model cache there
+unless the server is known to be older. The version comes from ``$TRITON_SERVER_VERSION``
+(set in NVIDIA's Triton images) or the matrix row of ``$MME_TRITON_RELEASE``.
+
 The binary is, in order: the ``binary`` argument, ``$MME_TRITONSERVER``, ``tritonserver`` on
 PATH, ``/opt/tritonserver/bin/tritonserver``. Backends come from ``<root>/backends`` next to
 the binary's ``bin/`` (Triton's own default for /opt/tritonserver).
@@ -18,9 +23,18 @@ import sys
 import uuid
 from pathlib import Path
 
-from serving.triton.base import TritonServer, TritonServerConfig, TritonServerError, port_arguments
+from serving.triton.base import (
+    SAGEMAKER_MODEL_ROOT,
+    SAGEMAKER_ROOT_REQUIRED_SINCE,
+    TritonServer,
+    TritonServerConfig,
+    TritonServerError,
+    parse_version,
+    port_arguments,
+)
 
 BINARY_ENV = "MME_TRITONSERVER"
+VERSION_ENV = "TRITON_SERVER_VERSION"  # NVIDIA's Triton images set it (build.py: ENV TRITON_SERVER_VERSION)
 SYSTEM_ROOT = Path("/opt/tritonserver")
 
 
@@ -57,6 +71,21 @@ def _executable(path: Path, where: str) -> Path:
     return path
 
 
+def system_triton_version() -> tuple[int, ...] | None:
+    """The installed Triton's version: ``$TRITON_SERVER_VERSION``, else the matrix's for
+    ``$MME_TRITON_RELEASE``; None when neither says."""
+    found = parse_version(os.environ.get(VERSION_ENV))
+    if found is None and os.environ.get("MME_TRITON_RELEASE"):
+        from mme.errors import UsageError
+        from mme.versions import release
+
+        try:
+            found = parse_version(release(os.environ["MME_TRITON_RELEASE"]).triton_server)
+        except UsageError:
+            found = None
+    return found
+
+
 def default_backend_directory(binary: Path) -> Path | None:
     """``<root>/backends`` for ``<root>/bin/tritonserver`` when it exists, else None
     (Triton then uses its built-in default, /opt/tritonserver/backends)."""
@@ -82,6 +111,13 @@ class SystemTritonServer(TritonServer):
         # Python-backend shared-memory regions (/dev/shm) get this prefix; stop() removes
         # the ones a killed server left behind.
         self.shm_prefix = f"mme_triton_{uuid.uuid4().hex[:12]}_"
+
+    @classmethod
+    def required_model_root(cls) -> Path | None:
+        version = system_triton_version()
+        if version is not None and version < SAGEMAKER_ROOT_REQUIRED_SINCE:
+            return None
+        return Path(SAGEMAKER_MODEL_ROOT)
 
     def _before_start(self) -> None:
         self.binary = find_system_tritonserver(self.requested_binary)

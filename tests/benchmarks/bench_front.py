@@ -24,6 +24,7 @@ from pathlib import Path
 
 import requests
 
+from serving.cache import cache_key
 from serving.triton.base import free_ports
 
 MODEL_PY = '''
@@ -126,7 +127,10 @@ def main(argv: list[str] | None = None) -> int:
             front = f"{url}/endpoints/local/invocations"
             front_headers = dict(headers, **{"X-Amzn-SageMaker-Target-Model": "identity.tar.gz"})
             drive(front, front_headers, body, 1, 20)  # loads the model, warms both paths
-            direct = requests.get(f"{url}/metrics.json", timeout=10).json()["container"]["url"] + "/models/identity.tar.gz/invoke"
+            # Triton's own MME invoke, as SageMaker's front end calls it: the hash, the target in a header.
+            container = requests.get(f"{url}/metrics.json", timeout=10).json()["container"]["url"]
+            direct = f"{container}/models/{cache_key('identity.tar.gz')}/invoke"
+            headers = dict(headers, **{"X-Amzn-SageMaker-Target-Model": "identity.tar.gz"})
             drive(direct, headers, body, 1, 20)
             for clients in (int(c) for c in args.clients.split(",")):
                 per_client = max(1, args.requests // clients)

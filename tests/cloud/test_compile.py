@@ -170,14 +170,25 @@ def test_compile_refuses_other_formats_and_bad_instance_types(artifact, onnx_art
     assert s3env.keys() == [] and not (tmp_path / "st").exists()
 
 
-FAKE_TRTEXEC = """#!/bin/sh
+def fake_trtexec(version_tag: str, rejects: str = "") -> str:
+    """A stand-in trtexec: prints its version banner like the real one on every run (--help
+    included) and, like TensorRT 11's, fails on an option it does not know (``rejects``)."""
+    return f"""#!/bin/sh
+echo "&&&& RUNNING TensorRT.trtexec [TensorRT {version_tag}] # trtexec $*"
 for arg in "$@"; do
-  case "$arg" in --saveEngine=*) out="${arg#--saveEngine=}";; esac
+  case "$arg" in
+    --help) echo "=== Build Options ==="; exit 0;;
+    {rejects or '--never-rejected'}) echo "[E] Unknown option: $arg"; echo "&&&& FAILED TensorRT.trtexec [TensorRT {version_tag}]"; exit 1;;
+    --saveEngine=*) out="${{arg#--saveEngine=}}";;
+  esac
 done
 printf 'PLAN' > "$out"
-echo "&&&& RUNNING TensorRT.trtexec [TensorRT v100400]"
-echo "[I] TensorRT version: 10.4.0"
+echo "&&&& PASSED TensorRT.trtexec [TensorRT {version_tag}]"
 """
+
+
+FAKE_TRTEXEC = fake_trtexec("v100400")
+FAKE_TRTEXEC_11 = fake_trtexec("v110100", rejects="--fp16|--int8|--bf16|--best")
 
 
 def _entry_config(tmp_path: Path, **extra) -> Path:
@@ -191,22 +202,104 @@ def _entry_config(tmp_path: Path, **extra) -> Path:
     return path
 
 
-def test_entry_script_builds_with_trtexec_and_records_the_build(tmp_path):
+def _run_entry(tmp_path: Path, trtexec: str | None, **config_extra) -> subprocess.CompletedProcess:
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "trtexec").write_text(FAKE_TRTEXEC)
-    (bin_dir / "trtexec").chmod(0o755)
-    config = _entry_config(tmp_path)
+    bin_dir.mkdir(exist_ok=True)
+    if trtexec is not None:
+        (bin_dir / "trtexec").write_text(trtexec)
+        (bin_dir / "trtexec").chmod(0o755)
+    config = _entry_config(tmp_path, **config_extra)
     env = dict(os.environ, PATH=f"{bin_dir}:/usr/bin:/bin")
-    proc = subprocess.run([sys.executable, trt_build_entry.__file__, str(config)], env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, trt_build_entry.__file__, str(config)], env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_entry_script_builds_with_trtexec_and_records_the_build(tmp_path):
+    proc = _run_entry(tmp_path, FAKE_TRTEXEC)
     assert proc.returncode == 0, proc.stderr
     info = json.loads((tmp_path / "model" / "build_info.json").read_text())
     assert (tmp_path / "model" / "model.plan").read_bytes() == b"PLAN"
     assert info["builder"] == "trtexec" and info["tensorrt"] == "10.4.0" and info["precision"] == "fp16"
+    assert not (tmp_path / "out" / "failure").exists()
     assert info["command"][1:] == [f"--onnx={tmp_path}/in/model.onnx", f"--saveEngine={tmp_path}/model/model.plan",
                                    "--minShapes=x:1x3", "--optShapes=x:4x3", "--maxShapes=x:8x3",
                                    "--memPoolSize=workspace:2048M", "--fp16"]
     assert "gpu" in info and not (tmp_path / "out" / "failure").exists()
+
+
+def test_the_stand_in_rejects_fp16_as_tensorrt_11s_trtexec_does(tmp_path):
+    path = tmp_path / "trtexec"
+    path.write_text(FAKE_TRTEXEC_11)
+    path.chmod(0o755)
+    done = subprocess.run([str(path), "--onnx=m.onnx", "--fp16"], capture_output=True, text=True)
+    assert done.returncode == 1 and "Unknown option: --fp16" in done.stdout
+
+
+def test_entry_script_on_tensorrt_11_never_passes_fp16_and_says_what_to_do(tmp_path):
+    proc = _run_entry(tmp_path, FAKE_TRTEXEC_11)  # fp16 asked for, FP32 graph uploaded
+    assert proc.returncode == 1
+    failure = (tmp_path / "out" / "failure").read_text()
+    assert "TensorRT 11 has no FP16 flag" in failure and "--triton-release" in failure
+    assert "Unknown option" not in proc.stdout  # refused before trtexec ran with a flag it rejects
+    assert not (tmp_path / "model" / "model.plan").exists()
+
+
+@pytest.mark.parametrize(("precision", "fp16_graph", "flags"), [
+    ("fp16", True, []), ("fp32", False, ["--noTF32"]), ("tf32", False, []),
+])
+def test_entry_script_on_tensorrt_11_uses_the_flags_it_has(tmp_path, precision, fp16_graph, flags):
+    proc = _run_entry(tmp_path, FAKE_TRTEXEC_11, precision=precision, fp16_graph=fp16_graph, hardware_compatible=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    info = json.loads((tmp_path / "model" / "build_info.json").read_text())
+    assert info["tensorrt"] == "11.1.0"
+    assert info["command"][-1 - len(flags):] == flags + ["--hardwareCompatibilityLevel=ampere+"]
+
+
+@pytest.mark.parametrize(("precision", "fp16_graph", "flags"), [
+    ("fp16", False, ["--fp16"]), ("fp16", True, ["--stronglyTyped"]), ("fp32", False, ["--noTF32"]),
+])
+def test_entry_script_on_tensorrt_10_uses_its_flags(tmp_path, precision, fp16_graph, flags):
+    proc = _run_entry(tmp_path, FAKE_TRTEXEC, precision=precision, fp16_graph=fp16_graph)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    command = json.loads((tmp_path / "model" / "build_info.json").read_text())["command"]
+    assert command[len(command) - len(flags):] == flags and "--memPoolSize=workspace:2048M" in command
+
+
+def _run_entry_with_python_tensorrt(tmp_path: Path, version: str, **config_extra) -> subprocess.CompletedProcess:
+    fakes = Path(__file__).resolve().parents[1] / "fakes"
+    tmp_path.mkdir(parents=True)
+    config = _entry_config(tmp_path, **config_extra)
+    env = dict(os.environ, PATH=f"{tmp_path}/empty-bin", PYTHONPATH=str(fakes), FAKE_TENSORRT_VERSION=version,
+               FAKE_TENSORRT_LOG=str(tmp_path / "builds.jsonl"))
+    return subprocess.run([sys.executable, trt_build_entry.__file__, str(config)], env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_python_fallback_builds_fp16_with_the_flag_on_tensorrt_10_and_clears_tf32_for_fp32(tmp_path):
+    proc = _run_entry_with_python_tensorrt(tmp_path / "a", "10.13.3.9", precision="fp16")
+    assert proc.returncode == 0, proc.stderr
+    build = json.loads((tmp_path / "a" / "builds.jsonl").read_text())
+    assert build["set"] == ["FP16"] and "TF32" in build["flags"]
+    proc = _run_entry_with_python_tensorrt(tmp_path / "b", "10.13.3.9", precision="fp32")
+    build = json.loads((tmp_path / "b" / "builds.jsonl").read_text())
+    assert proc.returncode == 0 and build["cleared"] == ["TF32"] and "TF32" not in build["flags"]
+
+
+def test_python_fallback_on_tensorrt_11_refuses_fp16_from_an_fp32_graph_instead_of_dropping_it(tmp_path):
+    proc = _run_entry_with_python_tensorrt(tmp_path / "a", "11.1.0.106", precision="fp16")
+    assert proc.returncode == 1 and "TensorRT 11 has no FP16 flag" in (tmp_path / "a" / "out" / "failure").read_text()
+    assert not (tmp_path / "a" / "builds.jsonl").exists()
+    proc = _run_entry_with_python_tensorrt(tmp_path / "b", "11.1.0.106", precision="fp16", fp16_graph=True,
+                                           hardware_compatible=True)
+    assert proc.returncode == 0, proc.stderr
+    build = json.loads((tmp_path / "b" / "builds.jsonl").read_text())
+    assert build["set"] == [] and build["hardware_compatibility_level"] == "AMPERE_PLUS"
+
+
+def test_pip_fallback_asks_for_a_version_pypi_has():
+    # libnvinfer.so.10.13.3 -> PyPI's 10.13.3.9: "==10.13.3" would never match, the wildcard does.
+    assert trt_build_entry.pip_requirement("10.13.3", 13) == "tensorrt-cu13==10.13.3.*"
+    assert trt_build_entry.pip_requirement("10.4.0", None) == "tensorrt-cu12==10.4.0.*"
 
 
 def test_entry_script_without_a_builder_writes_the_failure_reason(tmp_path):

@@ -85,24 +85,52 @@ def test_entrypoint_and_cmd_are_a_real_mme_command(image):
     parse_mme(args)
 
 
-def test_builder_installs_the_project_like_make_install_plus_the_gpu_extra():
-    makefile = (REPO / "Makefile").read_text()
-    install = next(line for line in makefile.splitlines() if "pip install" in line and "-c " in line and "-e " in line)
-    make_constraints = re.search(r"-c\s+(\S+)", install).group(1)
-    make_extras = set(re.search(r"\.\[([^\]]+)\]", install).group(1).split(","))
-
+def test_builder_keeps_the_ngc_stack_and_installs_the_project_around_it(tmp_path):
+    """The builder installs the project's pins (constraints.txt) with the dev and gpu extras,
+    except what the NGC PyTorch image owns (torch, Torch-TensorRT, TensorRT, CUDA libraries),
+    then checks the image carries the release's stack."""
     df = dockerfile("builder")
-    copies = [i.args.split() for i in df.final.all("COPY") if not i.args.startswith("--from")]
-    constraints_dest = next(dest for *srcs, dest in copies if make_constraints in srcs)
     runs = [i.args for i in df.final.all("RUN") if "pip install" in i.args]
-    assert len(runs) == 1, "the builder installs the project in one pip step"
+    assert len(runs) == 1, "the builder installs the project in one RUN step"
     run = runs[0]
-    assert f"-c {constraints_dest}" in run
-    assert "--no-deps" not in run and " -e " not in run  # dependencies resolved, not editable
-    extras = set(re.search(r"\[([a-z,]+)\]\"", run).group(1).split(","))
-    assert extras == make_extras | {"gpu"}
-    gpu_extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gpu"]
-    assert gpu_extra, "pyproject.toml has a gpu extra"
+    assert "ngc_requirements.py /opt/mme/pyproject.toml /opt/mme/constraints.txt /opt/mme/ngc" in run
+    assert "-c /opt/mme/ngc/constraints.txt -r /opt/mme/ngc/requirements.txt" in run
+    assert "--no-deps" in run and "mme_toolkit-*.whl" in run  # the project itself: no dependency may replace torch
+    assert 'python -m mme.versions --check-installed --release "${TRITON_RELEASE}"' in run
+    assert run.index("-r /opt/mme/ngc/requirements.txt") < run.index("--no-deps") < run.index("--check-installed")
+
+    script = DOCKER_DIR / "builder" / "ngc_requirements.py"
+    done = subprocess.run([sys.executable, str(script), str(REPO / "pyproject.toml"), str(REPO / "constraints.txt"),
+                           str(tmp_path)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    wanted = [line for line in (tmp_path / "requirements.txt").read_text().splitlines() if line]
+    names = {re.split(r"[\[=]", line)[0].lower() for line in wanted}
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    every = pyproject["dependencies"] + pyproject["optional-dependencies"]["dev"] + pyproject["optional-dependencies"]["gpu"]
+    owned = {"torch", "torchvision", "tensorrt-cu13", "tensorrt-cu12", "torch-tensorrt"}
+    assert not names & owned, f"the builder would replace the NGC image's {names & owned}"
+    assert {"timm", "onnx", "nvidia-ml-py", "nvidia-pytriton", "tritonclient", "pytest"} <= names
+    assert len(wanted) == len([r for r in every if re.split(r"[\[=]", r)[0].lower() not in owned])
+    kept = (tmp_path / "constraints.txt").read_text()
+    assert "\ntorch==" not in kept and "\nnvidia-cublas" not in kept.lower() and "nvidia-pytriton==" in kept
+    assert "numpy==" in kept
+
+
+def test_the_builder_stack_check_names_what_differs():
+    rel = versions.release("25.09")
+    same = {"torch": "2.9.0a0+50eac811a6.nv25.09", "torch-tensorrt": "2.9.0a0", "tensorrt": "10.13.3.9"}
+    assert versions.stack_mismatches(rel, same) == []
+    pypi = {"torch": "2.14.1", "torch-tensorrt": "2.14.0", "tensorrt": "11.1.0.106"}
+    problems = versions.stack_mismatches(rel, pypi)
+    assert problems == ["torch 2.14.1 is installed but release 25.09 ships 2.9.0a0+50eac811a6",
+                        "torch-tensorrt 2.14.0 is installed but release 25.09 ships 2.9.0a0",
+                        "tensorrt 11.1.0.106 is installed but release 25.09 ships 10.13.3.9"]
+    # The same check as the image build runs, in this venv (PyPI's torch, no TensorRT): it fails loudly.
+    done = subprocess.run([sys.executable, "-m", "mme.versions", "--check-installed", "--release", "25.09"],
+                          cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 1
+    assert "does not carry release 25.09's stack" in done.stderr and "torch-tensorrt is not installed" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
 
 
 def test_lean_images_install_mme_without_dependencies_and_pin_from_the_lock():
@@ -190,24 +218,10 @@ def test_python_guard_accepts_the_matrix_python_and_refuses_others(image):
     assert bad.returncode == 1 and "mme needs 3.11 or 3.12" in bad.stderr and "python -m mme.versions --list" in bad.stderr
 
 
-def test_builder_refuses_a_tensorrt_that_is_not_the_releases(tmp_path):
-    run = next(i.args for i in dockerfile("builder").final.all("RUN") if "tensorrt.__version__" in i.args)
-    guard = run[run.index('python -c "import os, sys, tensorrt'):]
-    fake = tmp_path / "tensorrt"
-    fake.mkdir()
-    (fake / "__init__.py").write_text("__version__ = '11.1.0.106'\n")
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO}",
-           "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
-    same = subprocess.run(["bash", "-c", guard], env={**env, "TENSORRT_VERSION": "11.1.0", "TRITON_RELEASE": "26.07"},
-                          capture_output=True, text=True, cwd=tmp_path)
-    assert same.returncode == 0, same.stderr
-    other = subprocess.run(["bash", "-c", guard], env={**env, "TENSORRT_VERSION": "10.4.0", "TRITON_RELEASE": "24.09"},
-                           capture_output=True, text=True, cwd=tmp_path)
-    assert other.returncode == 1
-    assert "TensorRT 11.1.0.106 is installed but Triton 24.09 runs TensorRT 10.4.0" in other.stderr
-
-
-def test_serving_image_says_which_triton_it_runs():
+def test_serving_image_says_which_triton_it_runs_and_extracts_where_sagemaker_does():
     env = " ".join(i.args for i in dockerfile("serving").final.all("ENV"))
     assert "MME_TRITONSERVER=/opt/tritonserver/bin/tritonserver" in env
     assert "MME_TRITON_RELEASE=${TRITON_RELEASE}" in env
+    # Triton 2.70+ loads only from /opt/ml/models/<hash>/model: the unprivileged user owns it.
+    run = " ".join(i.args for i in dockerfile("serving").final.all("RUN"))
+    assert "mkdir -p /opt/ml/models && chown 10001:10001 /opt/ml/models" in run

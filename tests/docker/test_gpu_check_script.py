@@ -1,9 +1,12 @@
 """tests/gpu/gpu_check.sh: without a GPU it says so and exits 0 (4 with --require-gpu);
-on a GPU host without TensorRT it runs what it can and says what it skipped (the GPU
-branch is driven here by a stand-in Python)."""
+on a GPU host without TensorRT it runs what it can and says what it skipped and why (the GPU
+branch is driven here by a stand-in Python); every step of gpu_check.py runs for real on the
+CPU (--device cpu), the wheel's Triton included; the wheels for a bare GPU host fit the
+device's 64 MiB."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -31,7 +34,10 @@ def test_without_a_gpu_it_says_so_and_exits_0():
     assert "no usable NVIDIA GPU on this host" in done.stdout
     assert "nothing GPU-side was run" in done.stdout
     assert "SKIPPED  gpu-marked tests (no GPU)" in done.stdout
-    assert "SKIPPED  TorchScript vs TensorRT comparison (no GPU)" in done.stdout
+    assert "SKIPPED  GPU measurements (no GPU)" in done.stdout
+    # And why TensorRT is missing here, with the fix.
+    assert "TensorRT: the tensorrt package is not installed: run make install-gpu" in done.stdout
+    assert "https://pypi.nvidia.com" in done.stdout
 
 
 def test_bad_usage_exits_2():
@@ -39,18 +45,20 @@ def test_bad_usage_exits_2():
     assert done.returncode == 2 and "unknown option" in done.stderr
 
 
-def test_helper_detect_and_compare_without_a_gpu():
+def test_helper_detect_and_run_without_a_gpu(tmp_path):
     sys.path.insert(0, str(HELPER.parent))
     try:
         import gpu_check
     finally:
         sys.path.remove(str(HELPER.parent))
     facts = gpu_check.detect()
-    assert {"torch_cuda", "gpu_count", "nvml_gpus", "tensorrt", "torch_tensorrt", "docker", "no_gpu_reason"} <= set(facts)
+    assert {"torch_cuda", "gpu_count", "nvml_gpus", "tensorrt", "tensorrt_reason", "pytriton", "project_tests",
+            "docker", "no_gpu_reason"} <= set(facts)
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    compare = subprocess.run([sys.executable, str(HELPER), "compare"], cwd=REPO, env=env,
-                             capture_output=True, text=True)
-    assert compare.returncode == 4 and "no usable NVIDIA GPU" in compare.stdout
+    run = subprocess.run([sys.executable, str(HELPER), "run", "--out", str(tmp_path)], cwd=REPO, env=env,
+                         capture_output=True, text=True)
+    assert run.returncode == 4 and "no usable NVIDIA GPU" in run.stdout
+    assert json.loads((tmp_path / "facts.json").read_text())["torch_cuda"] is False
 
 
 @pytest.fixture
@@ -58,8 +66,10 @@ def stand_in_python(tmp_path):
     """A 'python' that answers detect with a GPU host's facts (no TensorRT; $FACTS_EXTRA
     appended), records its calls, and exits with $PYTEST_RC / $COMPARE_RC."""
     facts = tmp_path / "facts.sh"
-    facts.write_text("TORCH='2.14.1'\nTORCH_CUDA=1\nGPU_COUNT=1\nGPU_NAME='NVIDIA L4'\nNVML_GPUS=1\n"
-                     "NVIDIA_SMI=1\nTENSORRT=''\nTORCH_TENSORRT=''\nONNXRUNTIME_CUDA=0\nPYTEST=1\n"
+    facts.write_text("TORCH='2.11.0'\nTORCH_CUDA=1\nGPU_COUNT=1\nGPU_NAME='NVIDIA H200'\nNVML_GPUS=1\n"
+                     "COMPUTE_CAPABILITY=9.0\nNVIDIA_SMI=1\nTENSORRT=''\nTENSORRT_REASON='the tensorrt package is not "
+                     "installed: run make install-gpu'\nTORCH_TENSORRT=''\nONNXRUNTIME_CUDA=0\nPYTEST=1\n"
+                     "PROJECT_TESTS=@PROJECT_TESTS@\nPYTRITON='0.7.0'\n"
                      "DOCKER='the docker command (docker) is not installed'\nNO_GPU_REASON=''\n")
     log = tmp_path / "calls.log"
     python = tmp_path / "python"
@@ -68,8 +78,8 @@ echo "$*" >> {log}
 case "$1" in
   tests/gpu/gpu_check.py)
     case "$2" in
-      detect) cat {facts}; echo "${{FACTS_EXTRA:-}}" ;;
-      compare) echo "compare figures"; exit ${{COMPARE_RC:-0}} ;;
+      detect) sed "s/@PROJECT_TESTS@/${{PROJECT_TESTS_FACT:-1}}/" {facts}; echo "${{FACTS_EXTRA:-}}" ;;
+      run) echo "measurement figures"; exit ${{COMPARE_RC:-0}} ;;
     esac ;;
   -m) exit ${{PYTEST_RC:-0}} ;;
 esac
@@ -84,15 +94,25 @@ def test_gpu_host_without_tensorrt_runs_what_it_can_and_says_what_it_skipped(sta
     assert done.returncode == 0, done.stdout + done.stderr
     calls = log.read_text().splitlines()
     pytest_call = next(c for c in calls if c.startswith("-m pytest"))
-    assert "-m gpu" in pytest_call and "not tensorrt and not plan" in pytest_call
-    assert any(c.startswith("tests/gpu/gpu_check.py compare --model resnet50 --batches 1,16") for c in calls)
+    assert "-m gpu" in pytest_call and pytest_call.endswith("tests/packager/test_gpu_formats.py")
+    assert any(c.startswith("tests/gpu/gpu_check.py run --out results/gpu-check") for c in calls)
     out = done.stdout
     assert "RAN      gpu-marked tests: passed" in out
-    assert "RAN      comparison for resnet50" in out
-    assert "SKIPPED  gpu tests that need TensorRT" in out
-    assert "SKIPPED  TensorRT side of the comparison (tensorrt not installed)" in out
+    assert "RAN      GPU measurements" in out
+    assert "SKIPPED  gpu tests that need TensorRT: the tensorrt package is not installed: run make install-gpu" in out
+    assert "TensorRT: the tensorrt package is not installed" in out
     assert "SKIPPED  Docker images (the docker command (docker) is not installed)" in out
     assert "FAILED" not in out
+
+
+def test_a_bare_gpu_host_skips_the_test_suite_and_still_measures(stand_in_python):
+    python, log = stand_in_python
+    done = run_script("--out", "somewhere", env={"GPU_CHECK_PYTHON": str(python), "PROJECT_TESTS_FACT": "0"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    calls = log.read_text().splitlines()
+    assert not any(c.startswith("-m pytest") for c in calls)
+    assert "tests/gpu/gpu_check.py run --out somewhere" in calls
+    assert "SKIPPED  gpu-marked tests (the project's test dependencies are not installed" in done.stdout
 
 
 def test_require_gpu_exits_4_when_pytorch_cannot_use_the_gpu(stand_in_python):
@@ -101,7 +121,7 @@ def test_require_gpu_exits_4_when_pytorch_cannot_use_the_gpu(stand_in_python):
     done = run_script("--require-gpu", env={"GPU_CHECK_PYTHON": str(python), "FACTS_EXTRA": extra})
     assert done.returncode == 4
     assert "no usable NVIDIA GPU on this host (the driver sees 1 GPU(s) but PyTorch cannot use them)" in done.stdout
-    assert not any(c.startswith(("-m pytest", "tests/gpu/gpu_check.py compare")) for c in log.read_text().splitlines())
+    assert not any(c.startswith(("-m pytest", "tests/gpu/gpu_check.py run")) for c in log.read_text().splitlines())
     assert run_script(env={"GPU_CHECK_PYTHON": str(python), "FACTS_EXTRA": extra}).returncode == 0
 
 
@@ -110,7 +130,7 @@ def test_gpu_host_failures_make_the_exit_code_1(stand_in_python):
     done = run_script(env={"GPU_CHECK_PYTHON": str(python), "PYTEST_RC": "1", "COMPARE_RC": "1"})
     assert done.returncode == 1
     assert "FAILED   gpu-marked tests (pytest exit 1)" in done.stdout
-    assert "FAILED   comparison for resnet50" in done.stdout
+    assert "FAILED   GPU measurements (exit 1" in done.stdout
 
 
 def test_no_gpu_tests_selected_is_a_skip_not_a_failure(stand_in_python):
@@ -127,3 +147,35 @@ def test_script_is_executable_bash():
     assert SCRIPT.read_text().startswith("#!/usr/bin/env bash")
     subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
     assert Path(HELPER).is_file()
+
+
+def test_every_step_runs_for_real_on_the_cpu_the_wheels_triton_included(tmp_path):
+    """--device cpu: the check's own code end to end (mme package, latency, copies through the
+    project's memory meter, the encoder, the wheel's Triton serving the TorchScript python model
+    and mme capacity against it), so its first run on a GPU host is not its first run."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, str(HELPER), "run", "--device", "cpu", "--out", str(tmp_path),
+                           "--model", "test_resnet", "--batches", "1,2", "--copies", "2", "--iters", "3", "--warmup", "1",
+                           "--triton-max-copies", "3", "--triton-headroom-gib", "1.5"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    steps = {s["name"].split(".")[0]: s for s in report["steps"]}
+    assert [steps[k]["status"] for k in "12345"] == ["ran", "ran", "skipped", "ran", "ran"]
+    assert set(steps["1"]["figures"]["latency_ms"]) == {"1", "2"}
+    assert steps["2"]["figures"]["per_copy_mib"] > 0 and steps["2"]["figures"]["copies_that_fit"] > 0
+    assert steps["4"]["figures"]["max_abs_diff_vs_cpu"] < 1e-3
+    triton = steps["5"]["figures"]
+    assert triton["one_copy"]["output_shape"] == [2, 1000] and triton["one_copy"]["max_abs_diff_vs_pytorch"] < 1e-4
+    assert triton["actual_copies"] >= 1 and triton["per_copy_mib"] > 0
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert written == sorted(["facts.json", "gpu_check.json", "gpu_check.md", triton["report"]])
+    assert len(written) <= 8  # the device returns at most 8 files
+
+
+def test_the_wheels_for_a_bare_gpu_host_are_pinned_and_fit_the_device():
+    text = SCRIPT.read_text()
+    names = text.split("WHEELS=(", 1)[1].split(")", 1)[0].split()
+    lock = {line.split("==")[0].lower() for line in (REPO / "constraints.txt").read_text().splitlines() if "==" in line}
+    assert {"nvidia-pytriton", "tritonclient", "python-rapidjson", "gevent", "geventhttpclient"} <= set(names)
+    assert all(name.lower() in lock for name in names)

@@ -100,3 +100,40 @@ def test_serves_ping_with_a_real_tritonserver(tmp_path):
     finally:
         server.stop()
     assert not server.is_running() and server.pids() == []
+
+
+# -- where the system Triton loads models from (Triton 2.70+: /opt/ml/models/<hash>/model only) --
+
+@pytest.mark.parametrize(("version", "release", "required"), [
+    ("2.71.0", None, "/opt/ml/models"),   # the serving image of 26.07: TRITON_SERVER_VERSION is set
+    ("2.61.0", None, None),               # 25.09 accepts any url
+    (None, "24.09", None),                # from the matrix row of MME_TRITON_RELEASE
+    (None, "26.07", "/opt/ml/models"),
+    (None, None, "/opt/ml/models"),       # unknown: the layout every version accepts
+])
+def test_required_model_root_follows_the_triton_version(monkeypatch, version, release, required):
+    for name, value in (("TRITON_SERVER_VERSION", version), ("MME_TRITON_RELEASE", release)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    got = SystemTritonServer.required_model_root()
+    assert (str(got) if got else None) == required
+
+
+def test_a_cache_dir_elsewhere_is_refused_where_triton_loads_only_from_opt_ml_models(monkeypatch, tmp_path):
+    from mme.errors import UsageError
+    from serving.local_endpoint import LocalEndpoint, LocalEndpointOptions
+    from serving.triton.factory import choose_cache_root
+
+    assert choose_cache_root(None, Path("/opt/ml/models")) == Path("/opt/ml/models")
+    assert choose_cache_root(tmp_path, None) == tmp_path
+    monkeypatch.setenv("TRITON_SERVER_VERSION", "2.71.0")
+    models = tmp_path / "models"
+    models.mkdir()
+    options = LocalEndpointOptions(models=str(models), server_kind="system", cache_dir=tmp_path / "cache", memory="host")
+    with pytest.raises(UsageError) as info:
+        LocalEndpoint(options)
+    message = str(info.value)
+    assert "loads models only from /opt/ml/models/<hash>/model" in message and "--cache-dir /opt/ml/models" in message
+    assert not (tmp_path / "cache").exists()  # nothing half-made

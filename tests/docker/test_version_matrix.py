@@ -1,5 +1,6 @@
-"""mme/versions.toml: one row per release with every field; the default release's
-TensorRT is the gpu extra's; the loader's API (release(), Release.to_dict()) still works."""
+"""mme/versions.toml: one row per release with every field; the default release is the
+newest SageMaker serves and its TensorRT is the gpu extra's; releases without a SageMaker
+image are refused for SageMaker; the loader's API (release(), Release.to_dict()) still works."""
 
 from __future__ import annotations
 
@@ -30,7 +31,14 @@ def gpu_extra_pin(prefix: str) -> str:
 @pytest.mark.parametrize("rel", versions.releases(), ids=lambda r: r.name)
 def test_every_release_records_every_field(rel):
     for key in versions.FIELDS:
+        if key in ("sagemaker", "unverified"):
+            continue
         assert getattr(rel, key) not in (None, ""), f"release {rel.name} lacks {key}"
+    assert isinstance(rel.sagemaker, bool)
+    assert set(rel.unverified) <= set(versions.FIELDS)
+    assert re.fullmatch(r"\d+\.\d+", rel.min_compute_capability)
+    assert re.fullmatch(r"\d+", rel.torch_tensorrt_abi)
+    assert re.fullmatch(r"\d+\.\d+\.\d+\w*(\+\w+)?", rel.torch) and re.fullmatch(r"\d+\.\d+\.\d+\w*", rel.torch_tensorrt)
     month = rel.name
     assert rel.triton_container == f"nvcr.io/nvidia/tritonserver:{month}-py3"
     assert rel.pytorch_container == f"nvcr.io/nvidia/pytorch:{month}-py3"  # same month: same TensorRT
@@ -40,6 +48,23 @@ def test_every_release_records_every_field(rel):
     assert re.fullmatch(r"\d+\.\d+\.\d+", rel.cuda)
     assert re.fullmatch(r"3\.\d+", rel.python)
     assert isinstance(rel.onnx_opset, int) and rel.onnx_opset >= MIN_OPSET
+
+
+def test_default_release_is_the_newest_with_a_sagemaker_image():
+    default = versions.release()
+    assert default.sagemaker, f"the default release {default.name} has no SageMaker Triton image"
+    assert default == versions.sagemaker_releases()[0]
+    assert not versions.release("26.07").sagemaker  # AWS publishes no 26.07 image: self-hosted only
+
+
+def test_a_release_without_a_sagemaker_image_is_refused_unless_the_user_brings_one():
+    with pytest.raises(versions.NoSageMakerImageError) as info:
+        versions.require_sagemaker_image(versions.release("26.07"))
+    message = str(info.value)
+    assert "AWS publishes no SageMaker Triton image for release 26.07" in message
+    assert "--triton-release 25.09" in message and "--image-uri" in message and "\n" not in message
+    versions.require_sagemaker_image(versions.release("26.07"), "123.dkr.ecr.us-east-1.amazonaws.com/mine:26.07")
+    versions.require_sagemaker_image(versions.release("25.09"))
 
 
 def test_default_release_serves_the_tensorrt_the_gpu_extra_installs():
@@ -65,13 +90,13 @@ def test_loader_api_is_unchanged_for_existing_callers():
         "nvcr.io/nvidia/tritonserver:22.10-py3", "sagemaker-tritonserver:22.10-py3", "2.27.0")
     data = old.to_dict()
     assert {"release", "triton_container", "sagemaker_image", "triton_server"} <= set(data)
-    assert data["release"] == "22.10" and data["tensorrt"] == old.tensorrt
+    assert data["release"] == "22.10" and data["tensorrt"] == old.tensorrt and data["sagemaker"] is True
     assert versions.release().name == versions.default_release_name()
     with pytest.raises(UsageError, match="unknown Triton release '19.01'"):
         versions.release("19.01")
     # A Release built by hand with the original four fields still works.
     assert versions.Release("x", "a", "b", "c").to_dict() == {
-        "release": "x", "triton_container": "a", "sagemaker_image": "b", "triton_server": "c"}
+        "release": "x", "triton_container": "a", "sagemaker_image": "b", "triton_server": "c", "sagemaker": False}
 
 
 @pytest.mark.parametrize(
@@ -85,6 +110,7 @@ def test_same_tensorrt(a, b, same):
 
 def test_releases_with_tensorrt():
     assert [r.name for r in versions.releases_with_tensorrt("10.4.0.26")] == ["24.09"]
+    assert [r.name for r in versions.releases_with_tensorrt("10.13.3")] == ["25.09"]
     assert versions.releases_with_tensorrt("9.9.9") == []
 
 
@@ -107,3 +133,14 @@ def test_the_matrix_module_imports_nothing_heavy():
     done = subprocess.run([sys.executable, "-c", "import sys, mme.versions; print(sorted(m for m in ('torch', 'numpy', 'tensorrt') if m in sys.modules))"],
                           cwd=REPO, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_the_gpu_extra_installs_from_nvidias_index_and_leaves_torch_tensorrt_to_the_builder():
+    extra = PYPROJECT["project"]["optional-dependencies"]["gpu"]
+    assert not any(spec.startswith("torch-tensorrt") for spec in extra)  # it must match the release's libtorch
+    makefile = (REPO / "Makefile").read_text()
+    target = makefile.split("\ninstall-gpu:", 1)[1].split("\n\n", 1)[0]
+    assert "--extra-index-url $(NVIDIA_INDEX)" in target and ".[dev,gpu]" in target
+    assert "NVIDIA_INDEX ?= https://pypi.nvidia.com" in makefile
+    readme = (REPO / "README.md").read_text()
+    assert "make install-gpu" in readme and "https://pypi.nvidia.com" in readme

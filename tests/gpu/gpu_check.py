@@ -1,13 +1,32 @@
-"""GPU check helper (run by tests/gpu/gpu_check.sh; not a pytest module).
+"""The GPU check's measurements (run by tests/gpu/gpu_check.sh; not a pytest module).
 
-    python tests/gpu/gpu_check.py detect            what this host has, as shell assignments
-    python tests/gpu/gpu_check.py compare [opts]    TorchScript vs TensorRT for one model:
-        latency at each batch size, GPU memory per loaded copy (NVML), copies that fit
+    python tests/gpu/gpu_check.py detect [--json]     what this host has (shell assignments)
+    python tests/gpu/gpu_check.py run --out DIR       the measurements, written to DIR
 
-``compare`` packages the model with ``mme package`` (random weights; the same code path
-users run), then loads the artifacts in this process. Whatever cannot run on this host
-(no TensorRT, no NVML, no ONNX Runtime CUDA provider) is skipped and said so. Exit codes:
-0 ran, 1 something failed, 4 no usable GPU.
+It runs on a bare GPU host too: Python 3.12 with torch, timm, transformers, numpy, psutil,
+protobuf, grpcio, requests and nvidia-ml-py preinstalled, no network, no TensorRT, no Docker;
+the other needs travel as wheels (``gpu_check.sh --download-wheels``, about 60 MiB):
+tritonclient, python-rapidjson, gevent, geventhttpclient, greenlet, zope.event,
+zope.interface, brotli (``mme package``'s sample requests) and nvidia-pytriton (the Triton
+server for step 5). Steps, each timed, each skipped with its reason when the host lacks
+what it needs, the whole run held to ``--budget-s``:
+
+1. ``mme package MODEL --formats torchscript`` (random weights, the users' code path), then
+   TorchScript latency on CUDA at each ``--batches`` size (percentiles as ``mme report``
+   computes them);
+2. copies of it loaded on the GPU one by one, memory read after each with the project's
+   NVML meter (serving.memory), and the copies that fit under ``--threshold`` predicted as
+   ``mme capacity`` predicts them;
+3. TensorRT, where installed: the same for a plan of ``--precision``;
+4. a Hugging Face encoder traced to TorchScript on the CPU, run on CUDA and compared with
+   the CPU run;
+5. where the nvidia-pytriton wheel is importable: its tritonserver serving GPU copies of the
+   TorchScript model (a python-backend model running it with PyTorch on CUDA), one copy
+   invoked and compared with PyTorch, and ``mme capacity``'s GPU path (NVML) against it.
+
+Writes at most four files into DIR: facts.json, gpu_check.json (every figure),
+gpu_check.md, and ``mme capacity``'s JSON report. Exit codes: 0 ran (skips are not
+failures), 1 something failed, 4 no usable GPU.
 """
 
 from __future__ import annotations
@@ -20,14 +39,13 @@ import json
 import os
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
@@ -35,13 +53,16 @@ if str(REPO) not in sys.path:
 
 EXIT_NO_GPU = 4
 MIB = 1 << 20
+GIB = 1 << 30
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+def _version(*dists: str) -> str | None:
+    for dist in dists:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def _importable(module: str) -> bool:
@@ -52,27 +73,54 @@ def _importable(module: str) -> bool:
 
 
 # --------------------------------------------------------------------------- detect
+def tensorrt_status() -> tuple[str, str]:
+    """(version or "", why it is missing or differs from the release's, or "")."""
+    from mme.versions import release, same_tensorrt
+
+    wanted = release().tensorrt
+    installed = _version("tensorrt", "tensorrt-cu13", "tensorrt-cu12")
+    if installed is None:
+        return "", (f"the tensorrt package is not installed: run make install-gpu (pip's --extra-index-url "
+                    f"https://pypi.nvidia.com: PyPI alone has only a stub of tensorrt-cu13-libs {wanted} that downloads "
+                    "from NVIDIA's index), or use the builder image (make docker-package)")
+    try:
+        import tensorrt  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - the reason is the output
+        return "", f"tensorrt {installed} is installed but does not import ({str(exc).splitlines()[0]})"
+    if wanted and not same_tensorrt(installed, wanted):
+        return installed, (f"tensorrt {installed} is installed but release {release().name} serves plans of "
+                           f"TensorRT {wanted}: plans built here would not load there")
+    return installed, ""
+
+
 def detect() -> dict[str, object]:
     """What this host offers, without failing on anything missing."""
     facts: dict[str, object] = {
+        "python": "%d.%d.%d" % sys.version_info[:3],
         "torch": _version("torch"),
         "torch_cuda": False,
         "gpu_count": 0,
         "gpu_name": "",
+        "compute_capability": "",
         "nvml_gpus": -1,  # -1: NVML unavailable (nvidia-ml-py missing or no driver)
         "nvidia_smi": shutil.which("nvidia-smi") is not None,
         "tensorrt": "",
-        "torch_tensorrt": "",
+        "tensorrt_reason": "",
+        "torch_tensorrt": _version("torch-tensorrt") or "",
         "onnxruntime_cuda": False,
+        "pytriton": _version("nvidia-pytriton") or "",
+        "tritonclient": _version("tritonclient") or "",
         "pytest": _importable("pytest"),
+        "project_tests": all(_importable(m) for m in ("pytest", "boto3", "locust", "aiohttp", "tritonclient")),
         "docker": "",
         "no_gpu_reason": "",
     }
     try:
-        from serving.memory import gpu_device_count
+        from serving.memory import gpu_compute_capability, gpu_device_count
 
         count = gpu_device_count()
         facts["nvml_gpus"] = -1 if count is None else count
+        facts["compute_capability"] = gpu_compute_capability(0) or ""
     except Exception:  # noqa: BLE001 - detection must not fail
         pass
     if facts["torch"]:
@@ -83,6 +131,8 @@ def detect() -> dict[str, object]:
             if facts["torch_cuda"]:
                 facts["gpu_count"] = torch.cuda.device_count()
                 facts["gpu_name"] = torch.cuda.get_device_name(0)
+                major, minor = torch.cuda.get_device_capability(0)
+                facts["compute_capability"] = f"{major}.{minor}"
             elif facts["nvml_gpus"] and int(facts["nvml_gpus"]) > 0:
                 facts["no_gpu_reason"] = (
                     f"the driver sees {facts['nvml_gpus']} GPU(s) but PyTorch cannot use them "
@@ -95,10 +145,10 @@ def detect() -> dict[str, object]:
             facts["no_gpu_reason"] = f"importing torch failed: {str(exc).splitlines()[0]}"
     else:
         facts["no_gpu_reason"] = "PyTorch is not installed in this Python"
-    if _importable("tensorrt"):
-        facts["tensorrt"] = _version("tensorrt") or _version("tensorrt-cu13") or _version("tensorrt-cu12") or "unknown"
-    if _importable("torch_tensorrt"):
-        facts["torch_tensorrt"] = _version("torch-tensorrt") or "unknown"
+    try:
+        facts["tensorrt"], facts["tensorrt_reason"] = tensorrt_status()
+    except Exception as exc:  # noqa: BLE001
+        facts["tensorrt_reason"] = f"could not check TensorRT: {exc}"
     if _importable("onnxruntime"):
         try:
             import onnxruntime
@@ -124,36 +174,176 @@ def print_shell(facts: dict[str, object]) -> None:
         print(f"{key.upper()}={shlex.quote(str(value))}")
 
 
-# --------------------------------------------------------------------------- memory
+# --------------------------------------------------------------------------- the run
 @dataclass
-class MemoryProbe:
-    """GPU memory in use: this process's (NVML) where the driver tells, else the whole
-    device's (NVML), else the device's from cudaMemGetInfo."""
+class Step:
+    name: str
+    status: str = "skipped"  # ran | skipped | failed
+    seconds: float = 0.0
+    note: str = ""
+    figures: dict[str, Any] = field(default_factory=dict)
 
-    index: int
-    method: str = ""
 
-    def read(self) -> tuple[int, int]:
-        """(used bytes, total bytes)."""
+class Run:
+    """Steps in order, each timed and held to what is left of the budget."""
+
+    def __init__(self, budget_s: float) -> None:
+        self.started = time.monotonic()
+        self.budget_s = budget_s
+        self.steps: list[Step] = []
+
+    def left(self) -> float:
+        return self.budget_s - (time.monotonic() - self.started)
+
+    def step(self, name: str, needs_s: float, body: Callable[[Step], None], skip: str = "") -> Step:
+        step = Step(name)
+        self.steps.append(step)
+        if skip:
+            step.note = skip
+        elif self.left() < needs_s:
+            step.note = f"not started: {self.left():.0f} s of the budget left, it needs about {needs_s:.0f} s"
+        else:
+            print(f"==> {name}", flush=True)
+            start = time.monotonic()
+            try:
+                body(step)
+                step.status = "ran" if step.status == "skipped" else step.status
+            except Exception as exc:  # noqa: BLE001 - the check reports and goes on
+                step.status = "failed"
+                step.note = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
+            step.seconds = round(time.monotonic() - start, 1)
+        mark = {"ran": "RAN    ", "skipped": "SKIPPED", "failed": "FAILED "}[step.status]
+        print(f"    {mark} {name}{': ' + step.note if step.note else ''}", flush=True)
+        return step
+
+
+def package(model: str, formats: str, out: Path, max_batch: int, extra: list[str] = ()) -> Path:
+    """``mme package`` in a child process (its own CUDA context: memory figures stay clean)."""
+    argv = [sys.executable, "-m", "mme", "-q", "package", model, "--no-pretrained", "--formats", formats,
+            "--out", str(out), "--max-batch-size", str(max_batch), *extra]
+    print("    $ " + " ".join(shlex.quote(a) for a in argv[1:]), flush=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=False, env=env)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()
+        raise RuntimeError(f"mme package {model} --formats {formats} exited {done.returncode}: {tail[-1] if tail else ''}")
+    from packager.model import triton_model_name
+
+    return out / triton_model_name(model) / formats
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
         import torch
 
         torch.cuda.synchronize()
-        try:
-            from serving.memory import gpu_memory
 
-            reading = gpu_memory(self.index)
-        except Exception:  # noqa: BLE001
-            reading = None
-        if reading is not None:
-            mine = [p.used_bytes for p in reading.processes if p.pid == os.getpid() and p.used_bytes is not None]
-            if mine:
-                self.method = "NVML, this process"
-                return mine[0], reading.total_bytes
-            self.method = "NVML, whole device (per-process figures unavailable here)"
-            return reading.used_bytes, reading.total_bytes
-        free, total = torch.cuda.mem_get_info()
-        self.method = "cudaMemGetInfo, whole device (NVML unavailable: pip install nvidia-ml-py)"
-        return total - free, total
+
+def latency(run_once: Callable[[int], None], batches: list[int], warmup: int, iters: int,
+            device: str = "cuda") -> dict[str, dict]:
+    from bench.analysis import percentile
+
+    figures: dict[str, dict] = {}
+    for batch in batches:
+        for _ in range(warmup):
+            run_once(batch)
+        synchronize(device)
+        samples = []
+        for _ in range(iters):
+            start = time.perf_counter()
+            run_once(batch)
+            synchronize(device)
+            samples.append((time.perf_counter() - start) * 1000.0)
+        mean = sum(samples) / len(samples)
+        figures[str(batch)] = {"p50_ms": round(percentile(samples, 50), 3), "p90_ms": round(percentile(samples, 90), 3),
+                               "p99_ms": round(percentile(samples, 99), 3), "items_per_s": round(batch / (mean / 1000), 1)}
+    return figures
+
+
+def torchscript_runner(path: Path, input_shapes: list[tuple[int, ...]], dtypes: list[str], device: str = "cuda"):
+    import torch
+
+    module = torch.jit.load(str(path), map_location=device).eval()
+    cache: dict[int, list] = {}
+
+    def inputs(batch: int) -> list:
+        if batch not in cache:
+            made = []
+            for shape, dtype in zip(input_shapes, dtypes):
+                if dtype == "float32":
+                    made.append(torch.randn((batch, *shape), device=device))
+                else:
+                    made.append(torch.randint(1, 1000, (batch, *shape), device=device, dtype=torch.int64))
+            cache[batch] = made
+        return cache[batch]
+
+    def run_once(batch: int):
+        with torch.inference_mode():
+            return module(*inputs(batch))
+
+    return module, run_once
+
+
+def manifest_inputs(directory: Path) -> tuple[list[tuple[int, ...]], list[str]]:
+    """Input shapes (dynamic axes at their maximum) and dtypes from an artifact's manifest."""
+    from packager.manifest import Manifest
+
+    manifest = Manifest.load(directory)
+    axes = manifest.details.get("axes_max") or {}
+    shapes, dtypes = [], []
+    for tensor in manifest.inputs:
+        dims = [axes[a] if d == -1 else d for d, a in zip(tensor["dims"], tensor.get("axes") or [None] * len(tensor["dims"]))]
+        shapes.append(tuple(int(d) for d in dims))
+        dtypes.append({"FP32": "float32", "INT64": "int64", "INT32": "int64"}[tensor["datatype"]])
+    return shapes, dtypes
+
+
+def meter_for(device: str, pids: Callable[[], list[int]]):
+    """The project's meter: NVML on the GPU; host RSS for the CPU dry run."""
+    from serving.memory import GpuMemoryMeter, HostMemoryMeter
+
+    return GpuMemoryMeter(nvml_index(), pids=pids) if device == "cuda" else HostMemoryMeter(pids)
+
+
+def empty_cache(device: str) -> None:
+    gc.collect()
+    if device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def measure_copies(load_copy: Callable[[], Callable[[], None]], copies: int, threshold: float,
+                   device: str = "cuda") -> dict[str, Any]:
+    """Load ``copies`` copies one by one (each runs one max-batch inference, as a served copy
+    would), reading the GPU with the project's NVML meter after each; predict what fits."""
+    from serving.capacity import predict
+
+    meter = meter_for(device, lambda: [os.getpid()])
+    empty_cache(device)
+    synchronize(device)
+    baseline = meter.used()
+    readings, alive = [baseline], []
+    try:
+        for _ in range(copies):
+            alive.append(load_copy())
+            synchronize(device)
+            readings.append(meter.used())
+        process = meter.details().get("server_processes_bytes")
+    finally:
+        alive.clear()
+        empty_cache(device)
+    deltas = [b - a for a, b in zip(readings, readings[1:])]
+    further = deltas[1:] or deltas
+    per_copy = sum(further) / len(further)
+    total = meter.total()
+    return {
+        "memory_method": meter.description, "gpu_total_mib": round(total / MIB), "baseline_mib": round(baseline / MIB),
+        "first_copy_mib": round(deltas[0] / MIB, 1), "per_copy_mib": round(per_copy / MIB, 1),
+        "deltas_mib": [round(d / MIB, 1) for d in deltas], "this_process_mib": None if process is None else round(process / MIB),
+        "threshold": threshold,
+        "copies_that_fit": predict(baseline + max(0, deltas[0] - per_copy), per_copy, total, threshold),
+    }
 
 
 def nvml_index() -> int:
@@ -162,373 +352,277 @@ def nvml_index() -> int:
     return int(visible) if visible.isdigit() else 0
 
 
-# --------------------------------------------------------------------------- loaded copies
-class Loaded:
-    """One loaded copy of a model that runs one batch on preallocated GPU inputs."""
-
-    def infer(self, batch: int) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        pass
+def copy_loader(path: Path, shapes, dtypes, max_batch: int, device: str = "cuda") -> Callable[[], Callable]:
+    def load():
+        module, run_once = torchscript_runner(path, shapes, dtypes, device)
+        run_once(max_batch)
+        return module
+    return load
 
 
-class TorchScriptCopy(Loaded):
-    def __init__(self, path: Path, input_shape: tuple[int, ...]):
-        import warnings
+# --------------------------------------------------------------------------- step 5: Triton
+def gpu_python_model(torchscript: Path, out: Path, device: str = "cuda") -> Path:
+    """A python-backend copy of a TorchScript artifact that runs it with PyTorch on CUDA, laid
+    out like ``mme package`` output (model directory, tarball, manifest) for ``mme capacity``."""
+    from mme.fsutil import deterministic_tar_gz, write_json_atomic
+    from packager.manifest import Manifest
+    from packager.triton_config import read_config, write_config
 
-        import torch
-
-        # Triton's libtorch backend still loads TorchScript: torch's deprecation notice is noise here.
-        warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=FutureWarning)
-
-        self.torch = torch
-        self.module = torch.jit.load(str(path), map_location="cuda").eval()
-        self.input_shape = input_shape
-        self.inputs: dict[int, object] = {}
-
-    def infer(self, batch: int) -> None:
-        torch = self.torch
-        if batch not in self.inputs:
-            self.inputs[batch] = torch.randn((batch, *self.input_shape), device="cuda")
-        with torch.inference_mode():
-            self.module(self.inputs[batch])
-
-    def close(self) -> None:
-        self.module = None
-        self.inputs.clear()
-
-
-class TensorRTCopy(Loaded):
-    def __init__(self, path: Path, input_name: str, output_names: list[str], input_shape: tuple[int, ...]):
-        import tensorrt as trt
-        import torch
-
-        self.trt, self.torch = trt, torch
-        self.runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
-        self.engine = self.runtime.deserialize_cuda_engine(path.read_bytes())
-        if self.engine is None:
-            raise RuntimeError(f"TensorRT could not deserialize {path} (built with another TensorRT or GPU?)")
-        self.context = self.engine.create_execution_context()
-        self.input_name, self.output_names, self.input_shape = input_name, output_names, input_shape
-        self.buffers: dict[int, list] = {}
-
-    def _dtype(self, name: str):
-        dt, torch = self.trt.DataType, self.torch
-        table = {dt.FLOAT: torch.float32, dt.HALF: torch.float16, dt.INT32: torch.int32, dt.INT8: torch.int8}
-        for attr, tdtype in (("INT64", torch.int64), ("BOOL", torch.bool), ("BF16", torch.bfloat16)):
-            if hasattr(dt, attr):
-                table[getattr(dt, attr)] = tdtype
-        return table[self.engine.get_tensor_dtype(name)]
-
-    def _bind(self, batch: int) -> None:
-        torch = self.torch
-        if batch not in self.buffers:
-            x = torch.randn((batch, *self.input_shape), device="cuda").to(self._dtype(self.input_name))
-            self.context.set_input_shape(self.input_name, tuple(x.shape))
-            outs = [torch.empty(tuple(self.context.get_tensor_shape(n)), dtype=self._dtype(n), device="cuda")
-                    for n in self.output_names]
-            self.buffers[batch] = [x, *outs]
-        x, *outs = self.buffers[batch]
-        self.context.set_input_shape(self.input_name, tuple(x.shape))
-        self.context.set_tensor_address(self.input_name, x.data_ptr())
-        for name, out in zip(self.output_names, outs):
-            self.context.set_tensor_address(name, out.data_ptr())
-
-    def infer(self, batch: int) -> None:
-        self._bind(batch)
-        stream = self.torch.cuda.current_stream()
-        if not self.context.execute_async_v3(stream.cuda_stream):
-            raise RuntimeError("TensorRT execution failed")
-
-    def close(self) -> None:
-        self.buffers.clear()
-        self.context = None
-        self.engine = None
+    manifest = Manifest.load(torchscript)
+    name = manifest.model
+    artifact = out / "torchscript-cuda-python"
+    model_dir = artifact / name
+    (model_dir / "1").mkdir(parents=True)
+    config = read_config(torchscript / name / "config.pbtxt")
+    config.ClearField("platform")
+    config.backend = "python"
+    for group in config.instance_group:  # the model puts itself on the GPU
+        group.kind = type(group).Kind.Value("KIND_CPU")
+    config.parameters["device"].string_value = device
+    write_config(config, model_dir / "config.pbtxt")
+    shutil.copyfile(torchscript / name / "1" / "model.pt", model_dir / "1" / "model.pt")
+    shutil.copyfile(Path(__file__).with_name("torchscript_cuda_model.py"), model_dir / "1" / "model.py")
+    tarball = artifact / f"{name}.tar.gz"
+    deterministic_tar_gz(model_dir, name, tarball)
+    write_json_atomic(artifact / "manifest.json", {
+        "schema_version": 1, "model": name, "format": "torchscript-cuda-python", "tarball": tarball.name,
+        "triton": {"backend": "python", "instance_kind": "KIND_GPU", "max_batch_size": config.max_batch_size},
+        "inputs": list(manifest.inputs), "outputs": list(manifest.outputs),
+    })
+    return artifact
 
 
-class OnnxRuntimeCopy(Loaded):
-    def __init__(self, path: Path, input_name: str, input_shape: tuple[int, ...]):
-        import numpy as np
-        import onnxruntime
-
-        self.np = np
-        self.session = onnxruntime.InferenceSession(str(path), providers=["CUDAExecutionProvider"])
-        self.input_name, self.input_shape = input_name, input_shape
-        self.inputs: dict[int, object] = {}
-
-    def infer(self, batch: int) -> None:
-        if batch not in self.inputs:
-            self.inputs[batch] = self.np.random.default_rng(0).standard_normal((batch, *self.input_shape), dtype=self.np.float32)
-        self.session.run(None, {self.input_name: self.inputs[batch]})
-
-    def close(self) -> None:
-        self.session = None
+def kserve_json(name: str, array) -> bytes:
+    return json.dumps({"inputs": [{"name": name, "shape": list(array.shape), "datatype": "FP32",
+                                   "data": array.ravel().tolist()}]}).encode()
 
 
-# --------------------------------------------------------------------------- measurements
-@dataclass
-class Candidate:
-    label: str
-    load: Callable[[], Loaded]
-    note: str = ""
-
-
-@dataclass
-class Result:
-    label: str
-    note: str = ""
-    latency_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # batch -> p50/p90/mean/items_per_s
-    first_copy_mib: float | None = None
-    further_copy_mib: float | None = None
-    copies_measured: int = 0
-    copies_that_fit: int | None = None
-    memory_method: str = ""
-    error: str = ""
-
-
-def time_batches(loaded: Loaded, batches: list[int], warmup: int, iters: int) -> dict[str, dict[str, float]]:
+def triton_serves_a_gpu_copy(artifact: Path, torchscript: Path, device: str = "cuda") -> dict[str, Any]:
+    """One copy loaded into the wheel's Triton the way the local MME loads it, invoked, and
+    compared with PyTorch on CUDA."""
+    import numpy as np
     import torch
 
-    out: dict[str, dict[str, float]] = {}
-    for batch in batches:
-        for _ in range(warmup):
-            loaded.infer(batch)
-        torch.cuda.synchronize()
-        samples = []
-        for _ in range(iters):
-            start = time.perf_counter()
-            loaded.infer(batch)
-            torch.cuda.synchronize()
-            samples.append((time.perf_counter() - start) * 1000.0)
-        samples.sort()
-        mean = statistics.fmean(samples)
-        out[str(batch)] = {
-            "p50_ms": round(samples[len(samples) // 2], 3),
-            "p90_ms": round(samples[min(len(samples) - 1, int(len(samples) * 0.9))], 3),
-            "mean_ms": round(mean, 3),
-            "items_per_s": round(batch / (mean / 1000.0), 1),
-        }
-    return out
+    from serving.cache import ModelCache
+    from serving.container import ContainerClient
+    from serving.store import LocalDirSource
+    from serving.triton.base import TritonServerConfig
+    from serving.triton.local import LocalTritonServer
+
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    with tempfile.TemporaryDirectory(prefix="mme-gpu-check-cache-") as tmp:
+        cache = ModelCache(Path(tmp), LocalDirSource(artifact))
+        server = LocalTritonServer(TritonServerConfig(sagemaker_port=0, grpc_port=None, metrics_port=None))
+        with server:
+            cached = cache.fetch(manifest["tarball"])
+            started = time.perf_counter()
+            with ContainerClient(server.sagemaker_url, timeout_s=120, load_timeout_s=300) as control:
+                control.load(cached.container_name, server.model_url(cached.model_dir), target=manifest["tarball"])
+                load_s = time.perf_counter() - started
+                x = np.random.default_rng(0).standard_normal((2, *manifest["inputs"][0]["dims"]), dtype=np.float32)
+                reply = control.invoke(cached.container_name, kserve_json(manifest["inputs"][0]["name"], x),
+                                       "application/json", target=manifest["tarball"])
+        if reply.status != 200:
+            raise RuntimeError(f"invoke answered {reply.status}: {reply.body[:300]!r}")
+        out = reply.json()["outputs"][0]
+        got = np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
+    module = torch.jit.load(str(torchscript / manifest["model"] / "1" / "model.pt"), map_location=device).eval()
+    with torch.inference_mode():
+        want = module(torch.from_numpy(x).to(device)).float().cpu().numpy()
+    return {"load_s": round(load_s, 2), "output_shape": list(got.shape),
+            "max_abs_diff_vs_pytorch": float(np.max(np.abs(got - want)))}
 
 
-def measure_copies(candidate: Candidate, probe: MemoryProbe, copies: int, max_batch: int,
-                   threshold: float) -> tuple[float, float | None, int | None, int]:
-    """Load ``copies`` copies one by one (each runs one max-batch inference, as a served
-    copy would); memory after each. Returns first-copy MiB, mean further-copy MiB, copies
-    that fit under ``threshold`` of the GPU, and the copies actually loaded."""
-    import torch
-
-    gc.collect()
-    torch.cuda.empty_cache()
-    base_used, total = probe.read()
-    device_used_at_base = torch.cuda.mem_get_info()
-    device_used_at_base = device_used_at_base[1] - device_used_at_base[0]
-    loaded: list[Loaded] = []
-    readings = [base_used]
-    try:
-        for _ in range(copies):
-            copy = candidate.load()
-            loaded.append(copy)
-            copy.infer(max_batch)
-            readings.append(probe.read()[0])
-    finally:
-        for copy in loaded:
-            copy.close()
-        loaded.clear()
-        gc.collect()
-        torch.cuda.empty_cache()
-    deltas = [b - a for a, b in zip(readings, readings[1:])]
-    first = deltas[0]
-    further = statistics.fmean(deltas[1:]) if len(deltas) > 1 else None
-    budget = threshold * total - device_used_at_base
-    fit = None
-    if first > 0:
-        if budget < first:
-            fit = 0
-        elif further and further > 0:
-            fit = 1 + int((budget - first) // further)
-    return first / MIB, (further / MIB if further is not None else None), fit, len(deltas)
-
-
-def input_dims(manifest: dict) -> tuple[int, ...]:
-    """The one input's shape without the batch axis; this check times single-input,
-    fixed-shape models (image classifiers such as resnet50)."""
-    inputs = manifest["inputs"]
-    dims = tuple(int(d) for d in inputs[0]["dims"])
-    if len(inputs) != 1 or any(d <= 0 for d in dims) or any(a is not None for a in inputs[0].get("axes", [])):
-        raise SystemExit(f"gpu-check: {manifest['requested_name']} has inputs this check cannot feed "
-                         "(it times single-input image models such as resnet50)")
-    return dims
-
-
-def package(model: str, formats: str, out: Path, max_batch: int, precision: str, atol: float | None) -> tuple[int, str]:
-    """``mme package`` in a child process (its own CUDA context: memory figures stay clean)."""
-    argv = [sys.executable, "-m", "mme", "-q", "package", model, "--no-pretrained", "--formats", formats,
-            "--out", str(out), "--max-batch-size", str(max_batch), "--precision", precision]
-    if atol is not None:
-        argv += ["--atol", str(atol)]
-    print("    $ " + " ".join(shlex.quote(a) for a in argv[1:]), flush=True)
-    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=False)
-    tail = (done.stderr or done.stdout).strip().splitlines()
-    return done.returncode, (tail[-1] if tail else "")
-
-
-def compare(args: argparse.Namespace) -> int:
+# --------------------------------------------------------------------------- main steps
+def run(args: argparse.Namespace) -> int:
     facts = detect()
-    if not facts["torch_cuda"]:
-        print(f"gpu-check: no usable NVIDIA GPU ({facts['no_gpu_reason']}); nothing to compare")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "facts.json").write_text(json.dumps(facts, indent=2) + "\n")
+    device = args.device
+    if device == "cuda" and not facts["torch_cuda"]:
+        print(f"gpu-check: no usable NVIDIA GPU ({facts['no_gpu_reason']}); nothing was measured")
         return EXIT_NO_GPU
-    import torch
-
     batches = [int(b) for b in args.batches.split(",") if b.strip()]
     max_batch = max(batches)
-    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="mme-gpu-check-"))
-    skipped: list[str] = []
-    failed: list[str] = []
-    candidates: list[Candidate] = []
+    work = Path(tempfile.mkdtemp(prefix="mme-gpu-check-"))
+    state: dict[str, Any] = {}
+    checks = Run(args.budget_s)
 
-    print(f"==> packaging {args.model} (random weights) into {work}", flush=True)
-    code, last = package(args.model, "torchscript", work, max_batch, "fp32", None)
-    if code != 0:
-        failed.append(f"torchscript packaging (exit {code}): {last}")
-    else:
-        manifest = json.loads((work / args.model / "torchscript" / "manifest.json").read_text())
-        shape = input_dims(manifest)
-        ts_path = work / args.model / "torchscript" / manifest["model"] / "1" / "model.pt"
-        candidates.append(Candidate("torchscript fp32", lambda p=ts_path, s=shape: TorchScriptCopy(p, s)))
+    def torchscript(step: Step) -> None:
+        directory = package(args.model, "torchscript", work, max_batch)
+        state["torchscript"] = directory
+        shapes, dtypes = manifest_inputs(directory)
+        state["shapes"] = (shapes, dtypes)
+        module, run_once = torchscript_runner(_model_file(directory, "model.pt"), shapes, dtypes, device)
+        step.figures["latency_ms"] = latency(run_once, batches, args.warmup, args.iters, device)
+        del module
 
-    if facts["tensorrt"]:
-        code, last = package(args.model, "tensorrt", work, max_batch, args.precision, args.atol)
-        if code != 0:
-            failed.append(f"tensorrt packaging (exit {code}): {last}")
-        else:
-            manifest = json.loads((work / args.model / "tensorrt" / "manifest.json").read_text())
-            plan = work / args.model / "tensorrt" / manifest["model"] / "1" / "model.plan"
-            inp = manifest["inputs"][0]
-            outs = [o["name"] for o in manifest["outputs"]]
-            shape = input_dims(manifest)
-            candidates.append(Candidate(f"tensorrt {args.precision}",
-                                        lambda p=plan, n=inp["name"], o=outs, s=shape: TensorRTCopy(p, n, o, s),
-                                        note=f"TensorRT {facts['tensorrt']}"))
-    else:
-        skipped.append("tensorrt: the tensorrt package is not importable here (pip install -e '.[gpu]', or make docker-package)")
+    def copies(step: Step) -> None:
+        shapes, dtypes = state["shapes"]
+        step.figures.update(measure_copies(copy_loader(_model_file(state["torchscript"], "model.pt"), shapes, dtypes,
+                                                       max_batch, device), args.copies, args.threshold, device))
 
-    if facts["onnxruntime_cuda"]:
-        code, last = package(args.model, "onnx", work, max_batch, "fp32", None)
-        if code != 0:
-            failed.append(f"onnx packaging (exit {code}): {last}")
-        else:
-            manifest = json.loads((work / args.model / "onnx" / "manifest.json").read_text())
-            onnx_path = work / args.model / "onnx" / manifest["model"] / "1" / "model.onnx"
-            inp = manifest["inputs"][0]
-            candidates.append(Candidate("onnxruntime-cuda fp32",
-                                        lambda p=onnx_path, n=inp["name"], s=input_dims(manifest): OnnxRuntimeCopy(p, n, s),
-                                        note="host<->device copies included"))
-    else:
-        skipped.append("onnxruntime-cuda: this onnxruntime has no CUDAExecutionProvider (the CPU wheel)")
+    def tensorrt(step: Step) -> None:
+        directory = package(args.model, "tensorrt", work, max_batch, ["--precision", args.precision])
+        from packager.manifest import Manifest
 
-    probe = MemoryProbe(nvml_index())
-    results: list[Result] = []
-    for cand in candidates:
-        result = Result(cand.label, cand.note)
-        print(f"==> {cand.label}: latency at batch {args.batches}, then {args.copies} copies for memory", flush=True)
-        try:
-            one = cand.load()
-            try:
-                result.latency_ms = time_batches(one, batches, args.warmup, args.iters)
-            finally:
-                one.close()
-                del one
-            first, further, fit, n = measure_copies(cand, probe, args.copies, max_batch, args.threshold)
-            result.first_copy_mib = round(first, 1)
-            result.further_copy_mib = None if further is None else round(further, 1)
-            result.copies_that_fit, result.copies_measured = fit, n
-            result.memory_method = probe.method
-        except Exception as exc:  # noqa: BLE001 - report and go on with the next format
-            result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            failed.append(f"{cand.label}: {result.error}")
-        results.append(result)
+        details = Manifest.load(directory).details
+        step.figures.update({k: details.get(k) for k in ("engine_precision", "layer_precisions", "compute_capability")})
+        runner = tensorrt_runner(_model_file(directory, "model.plan"), *state["shapes"])
+        step.figures["latency_ms"] = latency(runner, batches, args.warmup, args.iters)
 
-    _, total = probe.read()
-    report = {
-        "model": args.model,
-        "gpu": facts["gpu_name"],
-        "gpu_memory_gib": round(total / (1 << 30), 1),
-        "threshold": args.threshold,
-        "torch": facts["torch"],
-        "tensorrt": facts["tensorrt"] or None,
-        "batches": batches,
-        "results": [asdict(r) for r in results],
-        "skipped": skipped,
-        "failed": failed,
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    print_report(report)
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=2))
-        print(f"written {out}")
-    if not args.work:
-        shutil.rmtree(work, ignore_errors=True)
-    return 1 if failed else 0
+    def encoder(step: Step) -> None:
+        import numpy as np
+        import torch
+
+        directory = package(args.encoder, "torchscript", work, max_batch, ["--seq-len", str(args.seq_len)])
+        shapes, dtypes = manifest_inputs(directory)
+        path = _model_file(directory, "model.pt")
+        cpu = torch.jit.load(str(path), map_location="cpu").eval()
+        gpu_module, run_once = torchscript_runner(path, shapes, dtypes, device)
+        ids = [torch.randint(1, 1000, (2, *s), dtype=torch.int64) if d != "float32" else torch.randn((2, *s))
+               for s, d in zip(shapes, dtypes)]
+        with torch.inference_mode():
+            want = cpu(*ids)
+            got = gpu_module(*[t.to(device) for t in ids])
+        want = want if isinstance(want, (tuple, list)) else (want,)
+        got = got if isinstance(got, (tuple, list)) else (got,)
+        diff = max(float(np.max(np.abs(g.float().cpu().numpy() - w.float().numpy()))) for g, w in zip(got, want))
+        step.figures.update({"model": args.encoder, "seq_len": args.seq_len, "traced_on": "cpu", "ran_on": device,
+                             "max_abs_diff_vs_cpu": diff,
+                             "latency_ms": latency(run_once, batches, args.warmup, args.iters, device)})
+        if not diff < 1e-2:
+            raise RuntimeError(f"the encoder's CUDA outputs differ from its CPU outputs by {diff:.3g}")
+
+    def triton(step: Step) -> None:
+        from serving.capacity import measure_capacity, write_report
+
+        artifact = gpu_python_model(state["torchscript"], work, device)
+        step.figures["one_copy"] = triton_serves_a_gpu_copy(artifact, state["torchscript"], device)
+        if device == "cuda":  # the GPU in use now plus the headroom: the run ends in time
+            limit = meter_for(device, list).used() + int(args.triton_headroom_gib * GIB)
+        else:  # host RSS of the server's processes starts near zero
+            limit = int(args.triton_headroom_gib * GIB)
+        report = measure_capacity(artifact, threshold=args.threshold, limit_bytes=limit, probe_copies=3, verify=True,
+                                  max_copies=args.triton_max_copies, server_kind="local",
+                                  memory="gpu" if device == "cuda" else "host")
+        path = write_report(report, out)
+        step.figures.update({
+            "memory_kind": report.memory_kind, "limit_mib": round(report.limit_bytes / MIB),
+            "baseline_mib": round(report.baseline_bytes / MIB), "per_copy_mib": round(report.footprint_mean_bytes / MIB),
+            "predicted_copies": report.predicted_copies, "actual_copies": report.actual_copies,
+            "load_seconds": [s.load_seconds for s in report.steps], "report": path.name,
+            "projections": {p.instance_type: p.copies for p in report.projections},
+        })
+
+    ts = checks.step("1. TorchScript latency", 60, torchscript)
+    needs_ts = "" if ts.status == "ran" else "needs step 1"
+    no_nvml = device == "cuda" and facts["nvml_gpus"] in (-1, 0)
+    checks.step("2. GPU memory per copy (NVML) and copies that fit", 30, copies,
+                skip=needs_ts or ("NVML is unavailable (nvidia-ml-py)" if no_nvml else ""))
+    no_trt = "TensorRT needs the GPU (--device cpu)" if device != "cuda" else facts["tensorrt_reason"]
+    checks.step("3. TensorRT", 120, tensorrt, skip=needs_ts or (no_trt if not facts["tensorrt"] or device != "cuda" else ""))
+    checks.step("4. Hugging Face encoder traced on CPU, run on CUDA", 60, encoder)
+    triton_skip = needs_ts or ("" if facts["pytriton"] else
+                               "the nvidia-pytriton wheel is not installed (gpu_check.sh --download-wheels carries it)")
+    checks.step("5. Triton (nvidia-pytriton) serving GPU copies: mme capacity's GPU path", 150, triton, skip=triton_skip)
+    shutil.rmtree(work, ignore_errors=True)
+
+    report = {"schema_version": 1, "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "facts": facts,
+              "device": device, "model": args.model, "batches": batches, "threshold": args.threshold,
+              "seconds": round(time.monotonic() - checks.started, 1), "steps": [asdict(s) for s in checks.steps]}
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "gpu_check.md").write_text(markdown(report))
+    print(markdown(report))
+    print(f"written {out}/gpu_check.json, {out}/gpu_check.md, {out}/facts.json")
+    return 1 if any(s.status == "failed" for s in checks.steps) else 0
 
 
-def print_report(report: dict) -> None:
-    print()
-    print(f"{report['model']} on {report['gpu']} ({report['gpu_memory_gib']} GiB), torch {report['torch']}, "
-          f"TensorRT {report['tensorrt'] or 'absent'}")
-    print(f"{'format':<24}{'batch':>6}{'p50 ms':>10}{'p90 ms':>10}{'items/s':>10}")
-    for r in report["results"]:
-        for batch, lat in r["latency_ms"].items():
-            print(f"{r['label']:<24}{batch:>6}{lat['p50_ms']:>10.2f}{lat['p90_ms']:>10.2f}{lat['items_per_s']:>10.1f}")
-    print()
-    print(f"{'format':<24}{'1st copy MiB':>14}{'next copies MiB':>17}{'copies fit':>12}  (under {report['threshold']:.0%} of the GPU)")
-    for r in report["results"]:
-        if r["error"]:
-            print(f"{r['label']:<24}  FAILED: {r['error']}")
-            continue
-        further = "-" if r["further_copy_mib"] is None else f"{r['further_copy_mib']:.1f}"
-        fit = "-" if r["copies_that_fit"] is None else str(r["copies_that_fit"])
-        print(f"{r['label']:<24}{r['first_copy_mib']:>14.1f}{further:>17}{fit:>12}")
-    methods = sorted({r["memory_method"] for r in report["results"] if r["memory_method"]})
-    if methods:
-        print(f"memory measured with: {'; '.join(methods)}")
-    by_label = {r["label"]: r for r in report["results"] if not r["error"]}
-    ts = by_label.get("torchscript fp32")
-    trt = next((r for label, r in by_label.items() if label.startswith("tensorrt")), None)
-    if ts and trt:
-        for batch in map(str, report["batches"]):
-            if batch in ts["latency_ms"] and batch in trt["latency_ms"]:
-                a, b = ts["latency_ms"][batch]["p50_ms"], trt["latency_ms"][batch]["p50_ms"]
-                print(f"TensorRT vs TorchScript at batch {batch}: p50 latency {100.0 * (b - a) / a:+.0f}%")
-        if ts["copies_that_fit"] and trt["copies_that_fit"] is not None:
-            print(f"copies that fit: TorchScript {ts['copies_that_fit']}, TensorRT {trt['copies_that_fit']}")
-    for line in report["skipped"]:
-        print(f"SKIPPED {line}")
-    for line in report["failed"]:
-        print(f"FAILED {line}")
+def _model_file(directory: Path, file_name: str) -> Path:
+    from packager.manifest import Manifest
+
+    return directory / Manifest.load(directory).model / "1" / file_name
+
+
+def tensorrt_runner(plan: Path, shapes, dtypes) -> Callable[[int], None]:
+    import tensorrt as trt
+    import torch
+
+    engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(plan.read_bytes())
+    context = engine.create_execution_context()
+    names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+    inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+    outputs = [n for n in names if n not in inputs]
+    buffers: dict[int, list] = {}
+
+    def run_once(batch: int) -> None:
+        if batch not in buffers:
+            made = [torch.randn((batch, *s), device="cuda") if d == "float32" else
+                    torch.randint(1, 1000, (batch, *s), device="cuda", dtype=torch.int64) for s, d in zip(shapes, dtypes)]
+            for name, tensor in zip(inputs, made):
+                context.set_input_shape(name, tuple(tensor.shape))
+            outs = [torch.empty(tuple(context.get_tensor_shape(n)), device="cuda") for n in outputs]
+            buffers[batch] = made + outs
+        tensors = buffers[batch]
+        for name, tensor in zip(inputs + outputs, tensors):
+            if name in inputs:
+                context.set_input_shape(name, tuple(tensor.shape))
+            context.set_tensor_address(name, tensor.data_ptr())
+        if not context.execute_async_v3(torch.cuda.current_stream().cuda_stream):
+            raise RuntimeError("TensorRT execution failed")
+
+    return run_once
+
+
+def markdown(report: dict) -> str:
+    facts = report["facts"]
+    where = (f"{facts['gpu_name']} (compute capability {facts['compute_capability']})" if report["device"] == "cuda"
+             else "CPU dry run (--device cpu): every step's code, no GPU figures")
+    lines = [f"# GPU check: {where}", "",
+             f"torch {facts['torch']}, Python {facts['python']}, TensorRT {facts['tensorrt'] or 'absent'}, "
+             f"nvidia-pytriton {facts['pytriton'] or 'absent'}; {report['seconds']} s in all", "",
+             "| step | status | seconds | note |", "| --- | --- | --- | --- |"]
+    lines += [f"| {s['name']} | {s['status']} | {s['seconds']} | {s['note'] or ''} |" for s in report["steps"]]
+    for s in report["steps"]:
+        latency_ms = s["figures"].get("latency_ms")
+        if latency_ms:
+            lines += ["", f"{s['name']}: latency", "", "| batch | p50 ms | p90 ms | p99 ms | items/s |",
+                      "| --- | --- | --- | --- | --- |"]
+            lines += [f"| {b} | {v['p50_ms']} | {v['p90_ms']} | {v['p99_ms']} | {v['items_per_s']} |"
+                      for b, v in latency_ms.items()]
+        rest = {k: v for k, v in s["figures"].items() if k != "latency_ms"}
+        if rest:
+            lines += ["", f"{s['name']}: " + "; ".join(f"{k} {v}" for k, v in rest.items())]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
+    import warnings
+
+    # Triton's libtorch backend still loads TorchScript: torch's deprecation notice is noise here.
+    warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=FutureWarning)
     parser = argparse.ArgumentParser(prog="gpu_check.py", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("detect", help="print what this host has (shell assignments, or --json)")
     d.add_argument("--json", action="store_true")
-    c = sub.add_parser("compare", help="TorchScript vs TensorRT: latency, memory per copy, copies that fit")
-    c.add_argument("--model", default="resnet50")
-    c.add_argument("--batches", default="1,16", help="batch sizes, comma separated (default: 1,16)")
-    c.add_argument("--precision", choices=("fp16", "fp32"), default="fp16", help="TensorRT precision (default: fp16)")
-    c.add_argument("--atol", type=float, default=0.1,
-                   help="validation tolerance when packaging TensorRT (default 0.1: this check measures speed and "
-                        "memory; the gpu-marked tests check accuracy)")
-    c.add_argument("--copies", type=int, default=4, help="copies loaded to measure memory per copy (default: 4)")
-    c.add_argument("--iters", type=int, default=50)
-    c.add_argument("--warmup", type=int, default=10)
-    c.add_argument("--threshold", type=float, default=0.9, help="share of GPU memory copies may fill (default: 0.9)")
-    c.add_argument("--work", help="where to package (default: a temporary directory, removed after)")
-    c.add_argument("--out", help="write the figures as JSON here")
+    r = sub.add_parser("run", help="the measurements (see the module docstring)")
+    r.add_argument("--out", required=True, help="directory for facts.json, gpu_check.json/.md and the capacity report")
+    r.add_argument("--model", default="resnet50")
+    r.add_argument("--encoder", default="distilbert-base-uncased")
+    r.add_argument("--seq-len", type=int, default=128)
+    r.add_argument("--batches", default="1,16", help="batch sizes, comma separated (default: 1,16)")
+    r.add_argument("--precision", choices=("fp32", "tf32", "fp16"), default="fp16", help="TensorRT step (default: fp16)")
+    r.add_argument("--copies", type=int, default=6, help="copies loaded in-process for memory per copy (default: 6)")
+    r.add_argument("--iters", type=int, default=50)
+    r.add_argument("--warmup", type=int, default=10)
+    r.add_argument("--threshold", type=float, default=0.9, help="share of GPU memory copies may fill (default: 0.9)")
+    r.add_argument("--triton-headroom-gib", type=float, default=4.0,
+                   help="step 5 fills the GPU memory in use now plus this much (default: 4), so it ends in time")
+    r.add_argument("--triton-max-copies", type=int, default=10)
+    r.add_argument("--budget-s", type=float, default=420.0, help="stop starting steps past this (default: 420 s)")
+    r.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cpu: a dry run of every step's code on the CPU (CI runs it), host memory instead of NVML")
     args = parser.parse_args(argv)
     if args.command == "detect":
         facts = detect()
@@ -539,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.copies < 2:
         parser.error("--copies must be 2 or more (the first copy also holds shared buffers)")
-    return compare(args)
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# The prepared GPU check: on a GPU host, run the gpu-marked tests and a short TorchScript vs
-# TensorRT comparison for resnet50 (latency at batch 1 and 16, GPU memory per loaded copy
-# with NVML, copies that fit), printing the figures. Runs what the host allows (no
-# TensorRT, no NVML, no Docker are fine) and says plainly what it skipped.
+# The GPU check: on a GPU host, the gpu-marked tests (where the project's test dependencies
+# are installed) and the measurements of tests/gpu/gpu_check.py: TorchScript latency at batch
+# 1 and 16, GPU memory per loaded copy through the project's NVML code and the copies that fit
+# under 90%, TensorRT where installed, a Hugging Face encoder traced on the CPU and run on
+# CUDA, and the nvidia-pytriton wheel's Triton serving GPU copies for `mme capacity`'s GPU
+# path. Runs what the host allows (no TensorRT, no Docker, no network are fine) and says
+# plainly what it skipped and why.
 #
-#   bash tests/gpu/gpu_check.sh [--require-gpu] [--skip-tests] [--model resnet50] [--batches 1,16]
-#                               [--out results/gpu_check.json] [-- extra args for gpu_check.py compare]
-#   make gpu-check
+#   bash tests/gpu/gpu_check.sh [--out DIR] [--require-gpu] [--skip-tests] [--wheels DIR]
+#                               [-- extra options for gpu_check.py run]
+#   bash tests/gpu/gpu_check.sh --download-wheels DIR   (on a machine with pip access)
+#   make gpu-check / make gpu-check-wheels
 #
+# A bare GPU host (Python 3.12 with torch, no network): copy the repository and the wheels
+# from --download-wheels (about 60 MiB), then: bash tests/gpu/gpu_check.sh --wheels DIR
 # Python: $GPU_CHECK_PYTHON, else .venv/bin/python, else python3.
 # Exit: 0 everything that could run passed (also: no GPU, unless --require-gpu);
 #       1 something failed; 2 bad usage or no Python; 4 no usable GPU with --require-gpu.
@@ -16,25 +22,46 @@ set -uo pipefail
 EXIT_NO_GPU=4
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 
+# What a bare GPU host lacks, pinned as constraints.txt pins them: mme package's sample
+# requests (tritonclient and its HTTP client) and Triton itself (nvidia-pytriton, 55 MB).
+WHEELS=(nvidia-pytriton tritonclient python-rapidjson gevent geventhttpclient greenlet zope.event zope.interface brotli)
+
 require_gpu=0
 run_tests=1
-model=resnet50
-batches=1,16
-out="results/gpu_check.json"
+out="results/gpu-check"
+wheels=""
+download=""
 extra=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --require-gpu) require_gpu=1 ;;
         --skip-tests) run_tests=0 ;;
-        --model) model="${2:?--model needs a value}"; shift ;;
-        --batches) batches="${2:?--batches needs a value}"; shift ;;
-        --out) out="${2:?--out needs a value}"; shift ;;
+        --out) out="${2:?--out needs a directory}"; shift ;;
+        --wheels) wheels="${2:?--wheels needs a directory}"; shift ;;
+        --download-wheels) download="${2:?--download-wheels needs a directory}"; shift ;;
         --) shift; extra=("$@"); break ;;
-        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
         *) echo "gpu-check: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
 done
+
+if [ -n "$download" ]; then
+    pins=()
+    for name in "${WHEELS[@]}"; do
+        pin="$(grep -i "^${name}==" constraints.txt | head -n 1)"
+        [ -n "$pin" ] || { echo "gpu-check: $name is not pinned in constraints.txt" >&2; exit 2; }
+        pins+=("$pin")
+    done
+    mkdir -p "$download"
+    python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_35_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 \
+        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 \
+        --platform manylinux1_x86_64 -d "$download" "${pins[@]}" || exit 1
+    echo "gpu-check: wheels for a bare GPU host (Python 3.12) in $download ($(du -sh "$download" | cut -f1)):"
+    ls -1 "$download"
+    exit 0
+fi
 
 if [ -n "${GPU_CHECK_PYTHON:-}" ]; then
     py="$GPU_CHECK_PYTHON"
@@ -47,6 +74,14 @@ if ! command -v "$py" >/dev/null 2>&1; then
     echo "gpu-check: no Python at '$py' (run make install, or set GPU_CHECK_PYTHON)" >&2
     exit 2
 fi
+
+if [ -n "$wheels" ]; then
+    site="$(mktemp -d "${TMPDIR:-/tmp}/mme-gpu-check-site.XXXXXX")"
+    echo "==> installing the wheels of $wheels into $site"
+    "$py" -m pip install --quiet --no-index --no-deps --no-compile --target "$site" "$wheels"/*.whl || exit 1
+    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 ran=()
 skipped=()
@@ -67,13 +102,19 @@ facts="$("$py" tests/gpu/gpu_check.py detect)" || {
 }
 # Shell assignments, values quoted by the helper (TORCH_CUDA=1, GPU_COUNT=1, TENSORRT=..., ...).
 eval "$facts"
-echo "    torch ${TORCH:-absent} (CUDA usable: ${TORCH_CUDA}), GPUs: ${GPU_COUNT}${GPU_NAME:+ ($GPU_NAME)},"  \
+echo "    torch ${TORCH:-absent} (CUDA usable: ${TORCH_CUDA}), GPUs: ${GPU_COUNT}${GPU_NAME:+ ($GPU_NAME)}," \
+     "compute capability: ${COMPUTE_CAPABILITY:-unknown}," \
      "NVML GPUs: $([ "${NVML_GPUS}" = -1 ] && echo unavailable || echo "${NVML_GPUS}")," \
-     "TensorRT: ${TENSORRT:-absent}, Torch-TensorRT: ${TORCH_TENSORRT:-absent}, Docker: ${DOCKER}"
+     "nvidia-pytriton: ${PYTRITON:-absent}, Docker: ${DOCKER}"
+if [ -n "${TENSORRT}" ] && [ -z "${TENSORRT_REASON}" ]; then
+    echo "    TensorRT ${TENSORRT}"
+else
+    echo "    TensorRT: ${TENSORRT_REASON}"
+fi
 
 if [ "${TORCH_CUDA}" != 1 ] || [ "${GPU_COUNT}" -lt 1 ]; then
     echo "gpu-check: no usable NVIDIA GPU on this host (${NO_GPU_REASON}); nothing GPU-side was run"
-    skipped+=("gpu-marked tests (no GPU)" "TorchScript vs TensorRT comparison (no GPU)")
+    skipped+=("gpu-marked tests (no GPU)" "GPU measurements (no GPU)")
     summary
     if [ "$require_gpu" = 1 ]; then
         exit "$EXIT_NO_GPU"
@@ -81,46 +122,38 @@ if [ "${TORCH_CUDA}" != 1 ] || [ "${GPU_COUNT}" -lt 1 ]; then
     exit 0
 fi
 
-# 1. The gpu-marked tests; those needing TensorRT / Torch-TensorRT only where installed.
+# 1. The gpu-marked tests, where the project's test dependencies are installed.
 if [ "$run_tests" = 0 ]; then
     skipped+=("gpu-marked tests (--skip-tests)")
-elif [ "${PYTEST}" != 1 ]; then
-    skipped+=("gpu-marked tests (pytest is not installed: make install)")
+elif [ "${PROJECT_TESTS}" != 1 ]; then
+    skipped+=("gpu-marked tests (the project's test dependencies are not installed in this Python: make install)")
 else
-    select=()
-    if [ -z "${TENSORRT}" ]; then
-        select=(-k "not tensorrt and not plan")
-        skipped+=("gpu tests that need TensorRT (the tensorrt package is not installed: pip install -e '.[gpu]')")
-    elif [ -z "${TORCH_TENSORRT}" ]; then
-        select=(-k "not torch_tensorrt")
-        skipped+=("gpu tests that need Torch-TensorRT (torch-tensorrt is not installed)")
-    fi
-    echo "==> gpu-marked tests: $py -m pytest -m gpu -q -p no:cacheprovider ${select[*]+"${select[*]}"}"
-    "$py" -m pytest -m gpu -q -p no:cacheprovider "${select[@]+"${select[@]}"}"
+    echo "==> gpu-marked tests: $py -m pytest -m gpu -q -p no:cacheprovider tests/packager/test_gpu_formats.py"
+    "$py" -m pytest -m gpu -q -p no:cacheprovider tests/packager/test_gpu_formats.py
     rc=$?
     case "$rc" in
         0) ran+=("gpu-marked tests: passed") ;;
         5) skipped+=("gpu-marked tests: none selected on this host") ;;
         *) failed+=("gpu-marked tests (pytest exit $rc)") ;;
     esac
+    if [ -n "${TENSORRT_REASON}" ]; then
+        skipped+=("gpu tests that need TensorRT: ${TENSORRT_REASON}")
+    fi
 fi
 
-# 2. TorchScript vs TensorRT (and ONNX Runtime CUDA where present) for the model.
-echo "==> TorchScript vs TensorRT: $model, batches $batches"
-"$py" tests/gpu/gpu_check.py compare --model "$model" --batches "$batches" --out "$out" "${extra[@]+"${extra[@]}"}"
+# 2. The measurements.
+echo "==> GPU measurements: $py tests/gpu/gpu_check.py run --out $out ${extra[*]+"${extra[*]}"}"
+"$py" tests/gpu/gpu_check.py run --out "$out" "${extra[@]+"${extra[@]}"}"
 rc=$?
 case "$rc" in
-    0) ran+=("comparison for $model: figures above, JSON in $out") ;;
-    "$EXIT_NO_GPU") skipped+=("comparison (no usable GPU)") ;;
-    *) failed+=("comparison for $model (exit $rc; see the FAILED lines above)") ;;
+    0) ran+=("GPU measurements: figures above, files in $out") ;;
+    "$EXIT_NO_GPU") skipped+=("GPU measurements (no usable GPU)") ;;
+    *) failed+=("GPU measurements (exit $rc; see the FAILED lines above; files in $out)") ;;
 esac
-if [ -z "${TENSORRT}" ]; then
-    skipped+=("TensorRT side of the comparison (tensorrt not installed): TorchScript figures only")
-fi
 
 # 3. Docker: this script does not build or run images; say whether it could.
 if [ "${DOCKER}" = ok ]; then
-    skipped+=("Docker images (engine reachable; not built here: make docker-build, make docker-package MODEL=$model)")
+    skipped+=("Docker images (engine reachable; not built here: make docker-build, make docker-package)")
 else
     skipped+=("Docker images (${DOCKER})")
 fi

@@ -109,3 +109,43 @@ def test_help_and_list(capsys):
     assert "convnext_base" in out and "cpu-local" in out
     code, out, _ = run_cli(capsys, "package", "--list")
     assert code == 0 and "bert-base-uncased" in out and "resnet50" in out
+
+
+def test_hardware_compatible_needs_a_tensorrt_format(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "package", "test_resnet", "--formats", "onnx", "--hardware-compatible",
+                           "--out", str(tmp_path))
+    assert_one_line_error(code, err, "--hardware-compatible", "tensorrt")
+    assert not any(tmp_path.iterdir())
+
+
+def test_tf32_is_a_precision_and_int8_is_not(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "package", "test_resnet", "--precision", "int8", "--out", str(tmp_path))
+    assert_one_line_error(code, err, "--precision", "tf32")
+
+
+def test_a_tensorrt_that_is_not_the_releases_is_refused_before_any_work(monkeypatch):
+    from mme.errors import GpuRequiredError
+    from mme.versions import release
+    from packager.formats import tensorrt_plan
+
+    monkeypatch.setattr(tensorrt_plan, "installed_tensorrt", lambda: "11.1.0.106")
+    with pytest.raises(GpuRequiredError) as info:
+        tensorrt_plan.check_release_tensorrt(release("25.09"))
+    message = str(info.value)
+    assert "TensorRT 11.1.0.106 is installed but Triton 25.09 runs TensorRT 10.13.3.9" in message
+    assert "make install-gpu" in message and "--triton-release" in message
+    tensorrt_plan.check_release_tensorrt(release("26.07"))  # the release that runs it
+
+
+def test_torch_tensorrt_is_built_with_the_releases_own_stack_only():
+    from mme.errors import GpuRequiredError
+    from mme.versions import release
+    from packager.formats.torch_tensorrt import check_release_stack
+
+    # This environment has PyPI's torch and no Torch-TensorRT: not NGC 25.09's stack.
+    with pytest.raises(GpuRequiredError) as info:
+        check_release_stack(release("25.09"))
+    message = str(info.value)
+    assert "release 25.09's own stack" in message and "torch-tensorrt is not installed" in message
+    assert "make docker-package DOCKER_FORMATS=torch-tensorrt TRITON_RELEASE=25.09" in message
+    assert "\n" not in message

@@ -31,3 +31,105 @@ def test_capacity_bad_artifact(tmp_path, capsys):
     code = main(["capacity", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 2 and "has no manifest.json" in err and "Traceback" not in err
+
+
+class TritonBackedGpu:
+    """A stand-in for NVML on one 8 GiB GPU whose memory in use is that of the Triton processes
+    on this host (python-backend stubs grow it as copies load): enough to run the GPU path of
+    `mme capacity` and the endpoint's GPU eviction against the real server, without a GPU."""
+
+    class NVMLError(Exception):
+        pass
+
+    TOTAL = 8 << 30
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return index
+
+    def nvmlDeviceGetName(self, handle):
+        return "Fake GPU"
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle):
+        return (9, 0)
+
+    def _used(self) -> int:
+        import psutil
+
+        used = 256 << 20  # the driver's own reservation
+        for proc in psutil.process_iter(["name", "memory_info"]):
+            if proc.info["name"] in ("tritonserver", "triton_python_backend_stub") and proc.info["memory_info"]:
+                used += proc.info["memory_info"].rss
+        return used
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        import types
+
+        used = self._used()
+        return types.SimpleNamespace(used=used, total=self.TOTAL, free=self.TOTAL - used)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        return []
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle):
+        return []
+
+
+def test_capacity_counts_gpu_memory_through_nvml_on_a_gpu_host(packaged_test_resnet, tmp_path, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pynvml", TritonBackedGpu())
+    code = main(["capacity", str(packaged_test_resnet.directory), "--memory", "gpu", "--server", "local",
+                 "--memory-limit", "700M", "--probe-copies", "2", "--max-copies", "8", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    report = json.loads((tmp_path / "capacity_test_resnet_cpu-local.json").read_text())
+    assert report["memory_kind"] == "GPU memory of Fake GPU (NVML, whole device)"
+    assert report["baseline_bytes"] >= 256 << 20  # NVML's figure, not the process tree's
+    assert all(step["delta_bytes"] > 0 for step in report["steps"])
+    assert report["actual_copies"] >= 2 and abs(report["predicted_copies"] - report["actual_copies"]) <= 1
+    assert "projection applies this host-memory footprint" not in out
+    # Without --memory-limit the limit is the GPU's memory, not the host's RAM.
+    code = main(["capacity", str(packaged_test_resnet.directory), "--memory", "gpu", "--server", "local",
+                 "--probe-copies", "1", "--no-verify", "--out", str(tmp_path / "nolimit")])
+    assert code == 0
+    report = json.loads((tmp_path / "nolimit" / "capacity_test_resnet_cpu-local.json").read_text())
+    assert report["limit_bytes"] == TritonBackedGpu.TOTAL
+
+
+def test_the_local_endpoint_counts_the_gpu_for_every_server_kind(packaged_test_resnet, tmp_path, monkeypatch):
+    """On a GPU host the eviction threshold is NVML's, whatever Triton runs the models (the
+    system kind compared host RSS with host RAM and never saw GPU memory)."""
+    import shutil
+    import sys
+
+    from serving.local_endpoint import LocalEndpoint, LocalEndpointOptions
+    from serving.memory import GpuMemoryMeter, HostMemoryMeter
+
+    monkeypatch.setitem(sys.modules, "pynvml", TritonBackedGpu())
+    monkeypatch.setenv("TRITON_SERVER_VERSION", "2.61.0")  # a system Triton that accepts any cache directory
+    gpu_artifact = tmp_path / "onnx"
+    shutil.copytree(packaged_test_resnet.directory, gpu_artifact)
+    manifest = json.loads((gpu_artifact / "manifest.json").read_text())
+    manifest["triton"]["instance_kind"] = "KIND_GPU"
+    (gpu_artifact / "manifest.json").write_text(json.dumps(manifest))
+    for kind in ("local", "docker", "system"):
+        endpoint = LocalEndpoint(LocalEndpointOptions(models=str(gpu_artifact), server_kind=kind))
+        try:
+            assert isinstance(endpoint.meter, GpuMemoryMeter), kind
+            assert endpoint._memory_limit() == TritonBackedGpu.TOTAL
+        finally:
+            endpoint.stop()
+    cpu = LocalEndpoint(LocalEndpointOptions(models=str(packaged_test_resnet.directory), server_kind="local"))
+    try:
+        assert isinstance(cpu.meter, HostMemoryMeter)  # cpu-local models live in host memory
+    finally:
+        cpu.stop()

@@ -5,6 +5,8 @@ import subprocess
 import sys
 import types
 
+import pytest
+
 from serving import memory
 
 
@@ -91,3 +93,62 @@ def test_gpu_memory_reads_the_device_and_its_processes(monkeypatch):
 def test_gpu_memory_tolerates_a_refused_process_list(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(compute=[(7, 5 << 20)], graphics_error=True))
     assert [(p.pid, p.used_bytes) for p in memory.gpu_memory().processes] == [(7, 5 << 20)]
+
+
+class NVMLLibraryMismatchError(Exception):
+    """nvidia-ml-py's own class: not an NVMLError subclass."""
+
+
+class OldDriverNvml(FakeNvml):
+    """A driver without the _v3 process queries: nvidia-ml-py's unversioned names raise
+    NVMLLibraryMismatchError there (throwOnVersionMismatch), the _v2 ones work."""
+
+    NVMLLibraryMismatchError = NVMLLibraryMismatchError
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        raise NVMLLibraryMismatchError("Unversioned function called and the pyNVML version does not match")
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle):
+        raise NVMLLibraryMismatchError("Unversioned function called and the pyNVML version does not match")
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle):
+        return FakeNvml.nvmlDeviceGetComputeRunningProcesses(self, handle)
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle):
+        return (7, 5)
+
+
+def test_an_older_driver_falls_back_to_the_v2_process_queries(monkeypatch):
+    fake = OldDriverNvml(compute=[(11, 300 << 20)])
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    reading = memory.gpu_memory(0)  # no NVMLLibraryMismatchError escapes
+    assert reading is not None and reading.used_bytes == 3 << 30
+    assert [(p.pid, p.used_bytes) for p in reading.processes] == [(11, 300 << 20)]
+    assert memory.gpu_compute_capability(0) == "7.5"
+    assert fake.initialised == 0
+
+
+def test_choose_meter_counts_the_gpu_on_a_gpu_host_unless_the_models_run_on_the_cpu(monkeypatch):
+    fake = FakeNvml(compute=[(os.getpid(), 1 << 30), (999999, 2 << 30)])
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    pids = lambda: [os.getpid()]  # noqa: E731
+    meter = memory.choose_meter("auto", pids, instance_kind="KIND_GPU")
+    assert isinstance(meter, memory.GpuMemoryMeter) and meter.kind == "gpu"
+    assert (meter.used(), meter.total()) == (3 << 30, 16 << 30)  # the whole device: right across PID namespaces
+    assert meter.details()["server_processes_bytes"] == 1 << 30  # its own processes, where the driver shows them
+    assert "Tesla T4" in meter.description
+    assert isinstance(memory.choose_meter("auto", pids, instance_kind="KIND_CPU"), memory.HostMemoryMeter)
+    assert isinstance(memory.choose_meter("auto", pids, instance_kind=None), memory.GpuMemoryMeter)
+    host = memory.choose_meter("host", pids)
+    assert host.kind == "host" and host.used() > 0 and host.total() > host.used()
+
+
+def test_choose_meter_without_a_gpu(monkeypatch):
+    from mme.errors import UsageError
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    assert isinstance(memory.choose_meter("auto", lambda: [], instance_kind="KIND_GPU"), memory.HostMemoryMeter)
+    with pytest.raises(UsageError, match="--memory host"):
+        memory.choose_meter("gpu", lambda: [])
+    with pytest.raises(UsageError, match="choose one of auto, gpu, host"):
+        memory.choose_meter("vram", lambda: [])
