@@ -13,7 +13,7 @@ ARGS ?=
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-gpu package demo test test-gpu bench-package bench-client-cost bench-front bench-cold-start clean lock
+.PHONY: help install install-gpu package demo test test-gpu bench-package bench-client-cost bench-front bench-cold-start bench-churn clean lock
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -55,6 +55,9 @@ bench-front: $(STAMP) ## the local front's added cost over calling Triton direct
 
 bench-cold-start: $(STAMP) ## cold start of MODEL on the local MME: download, extract, load, first inference
 	$(BIN)/python tests/benchmarks/bench_cold_start.py $(OUT)/$(MODEL)/cpu-local
+
+bench-churn: $(STAMP) ## warm latency while other models load, and two cold loads at once, on the local MME
+	$(BIN)/python tests/benchmarks/bench_load_churn.py
 
 lock: ## regenerate constraints.txt from a fresh resolve of pyproject.toml
 	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock

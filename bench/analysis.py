@@ -391,7 +391,9 @@ def _endpoint_stage(now: dict, before: dict | None) -> EndpointStage:
     loaded = gauges.get("LoadedModelCount")
     if loaded is None and isinstance(now.get("loaded_models"), list):
         loaded = len(now["loaded_models"])
-    utilisation = gauges.get("MemoryUtilization")
+    # The share of the endpoint's memory limit (what eviction counts); endpoints before the
+    # CloudWatch-named metrics called it MemoryUtilization, which now means host memory.
+    utilisation = gauges.get("MemoryLimitUtilization", gauges.get("MemoryUtilization"))
     return EndpointStage(
         model_loads=d("ModelLoads"), model_evictions=d("ModelEvictions"), cache_hits=d("ModelCacheHit"),
         cache_misses=d("ModelCacheMiss"), invocations_ok=d("Invocations.ok"),

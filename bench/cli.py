@@ -55,7 +55,7 @@ def register_bench(subparsers) -> None:
         "the endpoint's metrics under --out/<run-id>/ for 'mme report'.",
     )
     target = p.add_argument_group("endpoint and targets")
-    target.add_argument("--endpoint", required=True, metavar="NAME", help="endpoint name (any name for 'mme serve')")
+    target.add_argument("--endpoint", required=True, metavar="NAME", help="endpoint name ('mme serve' answers for its --endpoint-name, default: local)")
     target.add_argument("--endpoint-url", metavar="URL", help="runtime URL, e.g. http://127.0.0.1:8080 for 'mme serve' "
                         "(default: AWS's SageMaker runtime for --region)")
     target.add_argument("--region", help="AWS region (default: botocore's configured region, else us-east-1)")

@@ -23,6 +23,8 @@ from mme.progress import Reporter
 from serving.triton.base import free_ports
 
 
+DEMO_ENDPOINT = "local-demo"  # the EndpointName mme serve answers for and mme bench calls
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "demo",
@@ -97,13 +99,13 @@ def run(args: argparse.Namespace) -> int:
     # The endpoint gets the host's memory: copies grow under load (batched activations), and
     # the demo should show latency against users, not eviction churn.
     serve = subprocess.Popen([sys.executable, "-m", "mme", "-q", "serve", "--models", str(artifact), "--port", str(port),
-                              "--copies", str(copies), "--server", "local"])
+                              "--copies", str(copies), "--server", "local", "--endpoint-name", DEMO_ENDPOINT])
     try:
         _wait_ready(url, serve)
         reporter.info(f"  {url} (Triton behind it, models load on first request)")
         _step(reporter, 4, f"staged load over the {copies} copies, time scale {args.time_scale} (mme bench)")
         run_id = f"demo-{stamp}-{manifest['model']}"
-        _call(quiet + ["bench", "--endpoint", "local-demo", "--endpoint-url", url, "--artifact", str(artifact),
+        _call(quiet + ["bench", "--endpoint", DEMO_ENDPOINT, "--endpoint-url", url, "--artifact", str(artifact),
                        "--binary", "--copies", str(copies), "--shape", "staged", "--time-scale", str(args.time_scale),
                        "--out", str(results), "--run-id", run_id])
     finally:

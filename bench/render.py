@@ -96,7 +96,7 @@ _ENDPOINT_COLUMNS: tuple[tuple[str, Callable[[StageSummary], str]], ...] = (
     ("cache hits", lambda s: fmt(s.cache_hits)),
     ("cache misses", lambda s: fmt(s.cache_misses)),
     ("loaded models", lambda s: fmt(s.loaded_model_count)),
-    ("memory %", lambda s: fmt(s.memory_utilization)),
+    ("memory % of limit", lambda s: fmt(s.memory_utilization)),
     ("endpoint ModelLatency avg ms", lambda s: fmt(s.model_latency_avg_ms)),
 )
 

@@ -13,6 +13,20 @@ A failed fetch leaves the cache as it was (a previous copy of a since-changed ob
 until a fetch of the new object succeeds). Revalidation asks the source each time a cached
 target is fetched: if the object is gone or the source unreachable, the fetch fails.
 One process per cache root.
+
+Disk limit (``disk_limit_bytes``), as SageMaker's MME handles a full instance disk: "If the
+instance's storage volume reaches its capacity, Amazon SageMaker deletes any unused models from
+the storage volume" (https://docs.aws.amazon.com/sagemaker/latest/dg/how-multi-mode-endpoints-work.html),
+"when the volume is reaching capacity and new models need to be downloaded"
+(https://docs.aws.amazon.com/sagemaker/latest/dg/add-models-to-endpoint.html). Before a download
+(room for the object's size) and after each extraction, cached copies are deleted least recently
+used first, never one that ``in_use(target)`` reports (loaded or loading in the container, which
+reads its files, lazily for a python-backend model), nor one being fetched. When nothing else can
+go, the new copy is kept anyway and the overrun is counted (``stats.over_limit``): the request
+does not fail. A use is a fetch (hit or download) or :meth:`ModelCache.touch`; its time is kept
+as the mtime of the entry's ``entry.json``, so LRU order survives a restart. ``usage_bytes()``
+(entries only, not downloads in progress) is kept as entries come and go: each entry's allocated
+size, as ``du`` counts it, is measured once when it is extracted and recorded in ``entry.json``.
 """
 
 from __future__ import annotations
@@ -20,24 +34,29 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
+import stat
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from mme.errors import MmeError
 from mme.fsutil import write_json_atomic
 from serving.extract import ExtractLimits, extract_model_tarball
-from serving.store import ModelSource, validate_target_name
+from serving.store import ModelSource, ObjectInfo, validate_target_name
 
 ENTRY_FILE = "entry.json"
 MODEL_DIR = "model"
 _KEY = re.compile(r"\A[0-9a-f]{32}\Z")  # cache_key(); other names under root are left alone
 _TEMP_PREFIXES = (".download-", f".{MODEL_DIR}.extract-", f".{MODEL_DIR}.staging-", f".{MODEL_DIR}.old-")
+_DISK_BYTES = "disk_bytes"  # entry.json: allocated bytes of model/, measured when it was extracted
+_log = logging.getLogger(__name__)
 
 
 class FetchInterrupted(MmeError):
@@ -68,6 +87,9 @@ class CacheStats:
     hits: int
     downloads: int
     failures: int
+    pruned: int = 0  # entries deleted to stay under the disk limit
+    pruned_bytes: int = 0
+    over_limit: int = 0  # extractions after which usage stayed over the limit (everything else in use)
 
 
 class _Flight:
@@ -82,17 +104,38 @@ def cache_key(target: str) -> str:
 
 
 class ModelCache:
-    def __init__(self, root: Path, source: ModelSource, limits: ExtractLimits = ExtractLimits(), *, revalidate: bool = True) -> None:
+    def __init__(
+        self,
+        root: Path,
+        source: ModelSource,
+        limits: ExtractLimits = ExtractLimits(),
+        *,
+        revalidate: bool = True,
+        disk_limit_bytes: int | None = None,
+        in_use: Callable[[str], bool] | None = None,
+    ) -> None:
+        if disk_limit_bytes is not None and disk_limit_bytes <= 0:
+            raise ValueError(f"disk_limit_bytes must be positive or None, got {disk_limit_bytes}")
         self.root = Path(root).resolve()  # the container resolves a relative url against its own cwd
         self.root.mkdir(parents=True, exist_ok=True)
         self.source = source
         self.limits = limits
         self.revalidate = revalidate  # False: a cached copy is used without asking the source
+        self.disk_limit_bytes = disk_limit_bytes  # None: never prune
+        # True for a target whose files must stay (loaded or loading); called from fetching
+        # threads, so it must be thread-safe and must not block on the caller of fetch.
+        self._in_use = in_use or (lambda target: False)
         self._lock = threading.Lock()
+        self._prune_lock = threading.Lock()  # one pruning pass at a time
         self._flights: dict[str, _Flight] = {}
         self._target_locks: dict[str, threading.Lock] = {}
         self._entries: dict[str, CachedModel] = {}
+        self._sizes: dict[str, int] = {}  # target -> allocated bytes of its entry directory
+        self._last_used: dict[str, int] = {}  # target -> ns stamp of its last use (entry.json mtime)
+        self._usage = 0  # sum of _sizes
+        self._stamp = 0  # the last use stamp handed out; stamps strictly increase
         self._hits = self._downloads = self._failures = 0
+        self._pruned = self._pruned_bytes = self._over_limit = 0
         self._recover()
 
     # -- public -------------------------------------------------------------------------
@@ -132,24 +175,43 @@ class ModelCache:
         """Remove the unpacked copy of ``target``; True if there was one."""
         validate_target_name(target)
         with self._target_lock(target):
-            with self._lock:
-                self._entries.pop(target, None)
-            entry_dir = self.root / cache_key(target)
-            if not entry_dir.exists():
-                return False
-            with contextlib.suppress(FileNotFoundError):
-                (entry_dir / ENTRY_FILE).unlink()  # first: a half-removed directory is not an entry
-            shutil.rmtree(entry_dir)
-            return True
+            return self._remove_locked(target) is not None
+
+    def touch(self, target: str) -> bool:
+        """Record a use of ``target``'s copy now; False if it is not cached. Does not wait for a fetch.
+
+        Fetches record their own use; call this for uses the cache does not see (e.g. when the
+        container unloads the model), so that a model served for hours and then unloaded is not
+        the first one deleted."""
+        validate_target_name(target)
+        return self._mark_used(target)
+
+    def prune(self, keep: str | None = None) -> list[str]:
+        """Delete least recently used copies not in use (and not ``keep``) until usage is within the
+        disk limit; return the targets deleted, oldest first. Without a limit: nothing."""
+        if self.disk_limit_bytes is None:
+            return []
+        return self._prune(keep, self.disk_limit_bytes)
+
+    def usage_bytes(self) -> int:
+        """Bytes the cache's entries occupy on disk (allocated blocks, as ``du`` counts them)."""
+        with self._lock:
+            return self._usage
 
     def entries(self) -> tuple[CachedModel, ...]:
         with self._lock:
             return tuple(sorted(self._entries.values(), key=lambda e: e.target))
 
+    def lru_order(self) -> tuple[str, ...]:
+        """Cached targets, least recently used first (the order pruning deletes them in)."""
+        with self._lock:
+            return tuple(sorted(self._entries, key=lambda t: (self._last_used.get(t, 0), t)))
+
     @property
     def stats(self) -> CacheStats:
         with self._lock:
-            return CacheStats(self._hits, self._downloads, self._failures)
+            return CacheStats(self._hits, self._downloads, self._failures,
+                              self._pruned, self._pruned_bytes, self._over_limit)
 
     # -- internals ----------------------------------------------------------------------
 
@@ -159,6 +221,7 @@ class ModelCache:
 
     def _fetch_locked(self, target: str) -> CachedModel:
         cached = self.get(target)
+        info: ObjectInfo | None = None
         if cached is not None and cached.model_dir.is_dir():
             if not self.revalidate:
                 return self._count_hit(cached)
@@ -166,21 +229,118 @@ class ModelCache:
             if (info.size, info.version) == (cached.tarball_bytes, cached.source_version):
                 return self._count_hit(cached)
         try:
-            fresh = self._download_and_extract(target)
+            if self.disk_limit_bytes is not None:
+                # Make room first. The object's size is a lower bound of what it unpacks to (model
+                # weights barely compress), so this deletes nothing the check after extraction would keep.
+                info = info or self.source.stat(target)
+                self._prune(target, self.disk_limit_bytes - info.size)
+            fresh, model_bytes = self._download_and_extract(target)
         except Exception:
             with self._lock:
                 self._failures += 1
             raise
+        entry_dir = self.root / cache_key(target)
+        size = model_bytes + _entry_overhead(entry_dir)
+        stamp = self._next_stamp()
+        _set_mtime(entry_dir / ENTRY_FILE, stamp)
         with self._lock:
+            self._usage += size - self._sizes.get(target, 0)
             self._entries[target] = fresh
+            self._sizes[target] = size
+            self._last_used[target] = stamp
+        if self.disk_limit_bytes is not None:
+            self._prune(target, self.disk_limit_bytes)
+            if self.usage_bytes() > self.disk_limit_bytes:
+                with self._lock:
+                    self._over_limit += 1
+                    usage = self._usage
+                _log.warning(
+                    "model cache %s uses %d bytes, over its disk limit of %d: the other copies are in use or "
+                    "being fetched; kept %s anyway (raise the disk limit or load fewer models at once)",
+                    self.root, usage, self.disk_limit_bytes, target,
+                )
         return fresh
 
     def _count_hit(self, cached: CachedModel) -> CachedModel:
+        self._mark_used(cached.target)
         with self._lock:
             self._hits += 1
         return replace(cached, cache_hit=True)
 
-    def _download_and_extract(self, target: str) -> CachedModel:
+    def _next_stamp(self) -> int:
+        with self._lock:
+            self._stamp = max(time.time_ns(), self._stamp + 1)
+            return self._stamp
+
+    def _mark_used(self, target: str) -> bool:
+        """Stamp ``target``'s last use now, in memory and as its entry.json mtime; False if not cached."""
+        if self.get(target) is None:
+            return False
+        stamp = self._next_stamp()
+        with contextlib.suppress(FileNotFoundError):  # deleted meanwhile: nothing to stamp
+            _set_mtime(self.root / cache_key(target) / ENTRY_FILE, stamp)
+        with self._lock:
+            if target not in self._entries:
+                return False
+            self._last_used[target] = max(stamp, self._last_used.get(target, 0))
+        return True
+
+    def _prune(self, keep: str | None, budget: int) -> list[str]:
+        """Delete LRU entries that are not in use, not ``keep`` and not being fetched until usage <= budget."""
+        deleted: list[str] = []
+        with self._prune_lock:
+            for target in self.lru_order():
+                if self.usage_bytes() <= budget:
+                    break
+                if target == keep or self._busy(target):
+                    continue
+                lock = self._target_lock(target)
+                if not lock.acquire(blocking=False):  # being fetched (or evicted): leave it
+                    continue
+                try:
+                    if self._busy(target):  # asked again under its lock: a load may have started since
+                        continue
+                    size = self._remove_locked(target)
+                finally:
+                    lock.release()
+                if size is not None:
+                    deleted.append(target)
+                    with self._lock:
+                        self._pruned += 1
+                        self._pruned_bytes += size
+        for target in deleted:
+            _log.info("model cache %s: deleted %s (least recently used, not loaded) to stay under %d bytes",
+                      self.root, target, self.disk_limit_bytes)
+        return deleted
+
+    def _busy(self, target: str) -> bool:
+        """In use by the container, or a fetch of it is under way."""
+        with self._lock:
+            if target in self._flights:
+                return True
+        try:
+            return bool(self._in_use(target))
+        except Exception:  # an in_use that fails must not get files deleted under a loaded model
+            _log.exception("in_use(%r) failed; keeping its cached copy", target)
+            return True
+
+    def _remove_locked(self, target: str) -> int | None:
+        """Forget and delete ``target``'s entry; its bytes, or None if there was none. Caller holds its lock."""
+        with self._lock:
+            self._entries.pop(target, None)
+            self._last_used.pop(target, None)
+            size = self._sizes.pop(target, None)
+            self._usage -= size or 0
+        entry_dir = self.root / cache_key(target)
+        if not entry_dir.exists():
+            return size
+        with contextlib.suppress(FileNotFoundError):
+            (entry_dir / ENTRY_FILE).unlink()  # first: a half-removed directory is not an entry
+        shutil.rmtree(entry_dir)
+        return size if size is not None else 0
+
+    def _download_and_extract(self, target: str) -> tuple[CachedModel, int]:
+        """Download, verify and unpack ``target``; the entry and the allocated bytes of its model directory."""
         entry_dir = self.root / cache_key(target)
         entry_dir.mkdir(exist_ok=True)
         fd, name = tempfile.mkstemp(dir=entry_dir, prefix=".download-", suffix=".tar.gz")
@@ -198,8 +358,11 @@ class ModelCache:
                 download_seconds=round(download_s, 6), extract_seconds=round(extracted.seconds, 6),
                 source_version=info.version, layout=extracted.layout,
             )
-            write_json_atomic(entry_dir / ENTRY_FILE, asdict(cached) | {"model_dir": MODEL_DIR})
-            return cached
+            # Measured once, here: the extraction just wrote these files. ExtractedModel.total_bytes
+            # counts file contents only, not the blocks, directories and inodes du counts.
+            model_bytes = disk_usage(extracted.root)
+            write_json_atomic(entry_dir / ENTRY_FILE, asdict(cached) | {"model_dir": MODEL_DIR, _DISK_BYTES: model_bytes})
+            return cached, model_bytes
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tarball.unlink()
@@ -207,7 +370,7 @@ class ModelCache:
                 shutil.rmtree(entry_dir, ignore_errors=True)
 
     def _recover(self) -> None:
-        """Load entries left by an earlier run; remove temp files and incomplete entries."""
+        """Load entries left by an earlier run (with their sizes and last uses); remove temp files and incomplete entries."""
         for entry_dir in sorted(p for p in self.root.iterdir() if p.is_dir() and _KEY.match(p.name)):
             for leftover in entry_dir.iterdir():
                 if leftover.name.startswith(_TEMP_PREFIXES):
@@ -215,20 +378,67 @@ class ModelCache:
                         shutil.rmtree(leftover, ignore_errors=True)
                     else:
                         leftover.unlink(missing_ok=True)
-            cached = self._read_entry(entry_dir)
-            if cached is None:
+            found = self._read_entry(entry_dir)
+            if found is None:
                 shutil.rmtree(entry_dir, ignore_errors=True)
-            else:
-                self._entries[cached.target] = cached
+                continue
+            cached, model_bytes = found
+            if model_bytes is None:  # written before sizes were recorded: measure it once
+                model_bytes = disk_usage(cached.model_dir)
+            size = model_bytes + _entry_overhead(entry_dir)
+            stamp = (entry_dir / ENTRY_FILE).stat().st_mtime_ns
+            self._entries[cached.target] = cached
+            self._sizes[cached.target] = size
+            self._last_used[cached.target] = stamp
+            self._usage += size
+            self._stamp = max(self._stamp, stamp)
 
     @staticmethod
-    def _read_entry(entry_dir: Path) -> CachedModel | None:
+    def _read_entry(entry_dir: Path) -> tuple[CachedModel, int | None] | None:
         try:
             data = json.loads((entry_dir / ENTRY_FILE).read_text())
+            model_bytes = data.pop(_DISK_BYTES, None)
             data["model_dir"] = entry_dir / data["model_dir"]
             cached = CachedModel(**data)
-        except (FileNotFoundError, json.JSONDecodeError, TypeError, KeyError):
+        except (FileNotFoundError, json.JSONDecodeError, TypeError, KeyError, AttributeError):
             return None
         if cache_key(cached.target) != entry_dir.name or not cached.model_dir.is_dir():
             return None
-        return cached
+        return cached, model_bytes if isinstance(model_bytes, int) and model_bytes >= 0 else None
+
+
+def disk_usage(path: Path) -> int:
+    """Allocated bytes under ``path``, itself included, as ``du -s --block-size=1`` counts them:
+    st_blocks of every file, directory and link, a hard-linked inode once. 0 if it is gone."""
+    try:
+        top = os.lstat(path)
+    except FileNotFoundError:
+        return 0
+    total = top.st_blocks * 512
+    seen: set[tuple[int, int]] = set()
+    stack = [os.fspath(path)] if stat.S_ISDIR(top.st_mode) else []
+    while stack:
+        with os.scandir(stack.pop()) as it:
+            for item in it:
+                st = item.stat(follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    stack.append(item.path)
+                elif st.st_nlink > 1:
+                    if (st.st_dev, st.st_ino) in seen:
+                        continue
+                    seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+    return total
+
+
+def _entry_overhead(entry_dir: Path) -> int:
+    """Allocated bytes of an entry directory itself and its entry.json (what is not model/)."""
+    total = 0
+    for path in (entry_dir, entry_dir / ENTRY_FILE):
+        with contextlib.suppress(FileNotFoundError):
+            total += path.lstat().st_blocks * 512
+    return total
+
+
+def _set_mtime(path: Path, stamp_ns: int) -> None:
+    os.utime(path, ns=(stamp_ns, stamp_ns))

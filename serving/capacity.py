@@ -78,11 +78,13 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
     (NVML, the whole device), "host" (RSS of the server's process tree) or "auto" (the GPU
     whenever one is visible and the artifact is not a CPU one)."""
     import json
+    import os
     import tempfile
 
     from serving.memory import choose_meter
     from serving.triton.base import TritonServerConfig
     from serving.triton.factory import choose_cache_root, choose_kind, create_server, server_class
+    from serving.triton.sagemaker_serve import sagemaker_settings_from_environ
 
     reporter = reporter or Reporter(quiet=True)
     manifest_path = artifact / "manifest.json"
@@ -94,8 +96,11 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
     root = choose_cache_root(cache_dir, server_class(kind).required_model_root())
     with tempfile.TemporaryDirectory(prefix="mme-capacity-") as tmp:
         cache = ModelCache(root or Path(tmp), CopiesSource(LocalDirSource(artifact), max_copies + cycles + 1))
-        server = create_server(kind, TritonServerConfig(sagemaker_port=0, grpc_port=None, metrics_port=None),
-                               model_root=cache.root)
+        # Triton as SageMaker's image runs it (python shared memory, namespacing; SAGEMAKER_TRITON_*
+        # of this environment honoured): what a copy costs there is what is counted here.
+        config = TritonServerConfig(sagemaker_port=0, http_port=None, grpc_port=None, metrics_port=None,
+                                    sagemaker_env=sagemaker_settings_from_environ(os.environ))
+        server = create_server(kind, config, model_root=cache.root)
         meter = choose_meter(memory, server.pids, instance_kind=(manifest.get("triton") or {}).get("instance_kind"))
         limit = limit_bytes or meter.total()
         budget = threshold * limit

@@ -6,7 +6,7 @@ import argparse
 import signal
 import threading
 
-from mme.argtypes import byte_size, fraction, positive_int
+from mme.argtypes import byte_size, fraction, positive_float, positive_int
 from mme.progress import Reporter
 from serving.memory import MEMORY_KINDS
 from serving.triton.factory import KINDS
@@ -41,19 +41,46 @@ def register_serve(subparsers) -> None:
                    help="what the threshold counts: gpu (NVML, whole device), host (RSS of Triton's process tree), "
                    "or auto: the GPU when one is visible unless the models run on the CPU (default: auto)")
     p.add_argument("--s3-endpoint-url", help="S3-compatible endpoint for s3:// sources")
+    p.add_argument("--disk-limit", type=byte_size,
+                   help="disk the extracted models may use, e.g. 20G; past it the least recently used models that are "
+                   "not loaded are deleted, as SageMaker does when the instance disk fills (default: no limit)")
+    sage = p.add_argument_group("SageMaker's answers (defaults as SageMaker's)")
+    sage.add_argument("--endpoint-name", default="local",
+                      help="the EndpointName this endpoint answers for; others get ValidationError (default: %(default)s)")
+    sage.add_argument("--variant-name", default="AllTraffic",
+                      help="its production variant; another TargetVariant gets ValidationError (default: %(default)s)")
+    sage.add_argument("--account", default="000000000000", help="AWS account id in error messages and LogStreamArn")
+    sage.add_argument("--region", default="us-east-1", help="AWS region in error messages and LogStreamArn")
+    sage.add_argument("--model-wait-timeout", type=positive_float, default=60.0, metavar="S",
+                      help="a request whose model is still downloading or loading after S seconds gets 429 "
+                      "ModelNotReadyException while the load goes on (default: 60, as SageMaker)")
+    sage.add_argument("--invocation-timeout", type=positive_float, default=60.0, metavar="S",
+                      help="an invocation the container has not answered in S seconds gets ModelError with "
+                      "OriginalStatusCode 0 (default: 60, as SageMaker)")
+    sage.add_argument("--allow-unsigned", action="store_true",
+                      help="accept requests without a SigV4 signature (SageMaker answers them 403; signatures are never verified)")
+    sage.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                      help="environment of the serving container, as the SageMaker model's Environment: "
+                      "SAGEMAKER_TRITON_* settings start Triton as SageMaker's image does (repeatable; "
+                      "SAGEMAKER_TRITON_* variables of this shell are honoured too)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
     from pathlib import Path
 
     from serving.local_endpoint import LocalEndpoint, LocalEndpointOptions
+    from serving.triton.sagemaker_serve import parse_env_assignments, sagemaker_settings_from_environ
 
+    settings = {**sagemaker_settings_from_environ(os.environ), **parse_env_assignments(args.env)}
     options = LocalEndpointOptions(
         models=args.models, host=args.host, port=args.port, memory_threshold=args.memory_threshold,
         memory_limit_bytes=args.memory_limit, copies=args.copies, server_kind=args.server,
         cache_dir=Path(args.cache_dir) if args.cache_dir else None, s3_endpoint_url=args.s3_endpoint_url,
-        memory=args.memory,
+        memory=args.memory, endpoint_name=args.endpoint_name, variant_name=args.variant_name, account=args.account,
+        region=args.region, model_wait_timeout_s=args.model_wait_timeout, invocation_timeout_s=args.invocation_timeout,
+        allow_unsigned=args.allow_unsigned, sagemaker_env=settings, disk_limit_bytes=args.disk_limit,
     )
     reporter = Reporter(quiet=args.quiet)
     endpoint = LocalEndpoint(options, reporter)
@@ -63,8 +90,11 @@ def run(args: argparse.Namespace) -> int:
         endpoint.start_in_thread()
         reporter.info(f"==> local MME at {endpoint.url} (models from {args.models}; {endpoint.server.name} pid "
                       f"{endpoint.server.pid}; memory: {endpoint.meter.description})")
-        reporter.info(f"    boto3.client('sagemaker-runtime', endpoint_url='{endpoint.url}').invoke_endpoint("
-                      "EndpointName='local', TargetModel='<name>.tar.gz', ...)")
+        reporter.info(f"    boto3.client('sagemaker-runtime', endpoint_url='{endpoint.url}', region_name="
+                      f"'{options.region}', aws_access_key_id='local', aws_secret_access_key='local').invoke_endpoint("
+                      f"EndpointName='{options.endpoint_name}', TargetModel='<name>.tar.gz', ...)")
+        if settings:
+            reporter.info(f"    Triton started as SageMaker's image starts it, with {', '.join(sorted(settings))}")
         reporter.info(f"    metrics: {endpoint.url}/metrics (Prometheus), {endpoint.url}/metrics.json; Ctrl-C stops")
         stop.wait()
     except KeyboardInterrupt:

@@ -44,10 +44,11 @@ LOAD_TIMEOUT_S = 600.0  # SageMaker allows a model load several minutes
 class ContainerError(Exception):
     """The container answered a model-management call with an error status."""
 
-    def __init__(self, status: int, message: str, model_name: str | None = None) -> None:
+    def __init__(self, status: int, message: str, model_name: str | None = None, *, body: str = "") -> None:
         self.status = status
         self.message = message
         self.model_name = model_name
+        self.body = body or message  # the raw response body (what SageMaker quotes as OriginalMessage)
         where = f" for model {model_name!r}" if model_name else ""
         super().__init__(f"HTTP {status}{where}: {message or '(no message)'}")
 
@@ -149,10 +150,10 @@ class ContainerClient:
             return
         message = error_message(response)
         if response.status_code == 409:
-            raise ModelAlreadyLoaded(409, message, model_name)
+            raise ModelAlreadyLoaded(409, message, model_name, body=response.text)
         if response.status_code == 507:
-            raise ContainerOutOfMemory(507, message, model_name)
-        raise ModelLoadFailed(response.status_code, message, model_name)
+            raise ContainerOutOfMemory(507, message, model_name, body=response.text)
+        raise ModelLoadFailed(response.status_code, message, model_name, body=response.text)
 
     def list_models(self) -> list[LoadedModelInfo]:
         response = self.session.get(self._url("/models"), timeout=self.timeout_s)

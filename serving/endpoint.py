@@ -4,17 +4,25 @@ On the first request for a target: fetch the tarball (local directory or S3) int
 cache, verify and extract it safely, load it through the container's ``POST /models`` the
 way SageMaker does: named by the hash of its cache directory (``<root>/<hash>/model``), the
 target in the ``X-Amzn-SageMaker-Target-Model`` header of every load, invoke and unload.
-Concurrent first requests cause one load while the others wait. When a load would cross
-the memory threshold, or the container answers 507, the least recently used models are
-unloaded first. A model that fails to load fails its own requests only. A container that
-dies is restarted and its models reload on demand.
+
+The rules SageMaker applies (sources in ../shared/reference.md, "What SageMaker's MME front
+end and Triton's SageMaker mode actually do"):
+- a request whose target is still downloading or loading after ``model_wait_timeout_s``
+  (60 s) gets 429 ModelNotReadyException; the load goes on and later requests find it loaded;
+- an invocation the container has not answered in ``invocation_timeout_s`` (60 s) gets
+  ModelError with OriginalStatusCode 0;
+- concurrent first requests for one target cause one load; loads of different targets run
+  at the same time (Triton loads on its own threads); when a load would cross the memory
+  threshold, or the container answers 507, the least recently used idle models are unloaded
+  first, and a model with requests in flight is never unloaded;
+- a model that fails to load fails its own requests only; a container that dies is restarted
+  and its models reload on demand.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -26,19 +34,21 @@ from mme.progress import Reporter
 from serving import errors_sagemaker as sm
 from serving.cache import CachedModel, ModelCache, cache_key
 from serving.container import (
-    TARGET_HEADER,
     ContainerClient,
     ContainerOutOfMemory,
     ModelAlreadyLoaded,
     ModelLoadFailed,
     ModelNotLoaded,
 )
+from serving.forward import Forwarder, InvocationTimedOut
+from serving.instance_metrics import InstanceSampler
 from serving.metrics import EndpointMetrics
 from serving.store import InvalidTargetName, validate_target_name
 from serving.triton.base import TritonServer
 
 MAX_PAYLOAD_BYTES = 6_291_456  # InvokeEndpoint's real-time limit
 MAX_ATTEMPTS = 4  # loads (or a container restart) one request may wait for
+SAGEMAKER_TIMEOUT_S = 60.0  # both of SageMaker's 60-second rules
 
 
 @dataclass(frozen=True)
@@ -47,8 +57,12 @@ class EndpointConfig:
     memory_threshold: float = 0.9
     max_payload_bytes: int = MAX_PAYLOAD_BYTES
     region: str = "us-east-1"
-    account: str = "000000000000"
-    invoke_timeout_s: float = 120.0
+    account: str = sm.DEFAULT_ACCOUNT
+    endpoint_name: str = sm.DEFAULT_ENDPOINT
+    variant_name: str = sm.DEFAULT_VARIANT
+    model_wait_timeout_s: float = SAGEMAKER_TIMEOUT_S
+    invocation_timeout_s: float = SAGEMAKER_TIMEOUT_S
+    allow_unsigned: bool = False
 
 
 @dataclass
@@ -61,49 +75,64 @@ class LoadedEntry:
     load_seconds: float
     inflight: int = 0
     invocations: int = 0
+    footprint_shared: bool = False  # other loads ran at the same time: the footprint is an upper bound
 
 
 class LoadFailed(Exception):
     """The container refused a model: its requests fail with ModelError, others go on."""
 
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(body)
         self.status = status
-        self.message = message
+        self.body = body
+
+
+class ModelStillLoading(Exception):
+    """The target was not loaded within the model wait timeout (its load goes on)."""
 
 
 class MultiModelEndpoint:
     def __init__(self, cache: ModelCache, server: TritonServer, config: EndpointConfig,
-                 memory_probe: Callable[[], int], reporter: Reporter | None = None) -> None:
+                 memory_probe: Callable[[], int], reporter: Reporter | None = None,
+                 metrics: EndpointMetrics | None = None, instance_sampler: InstanceSampler | None = None) -> None:
         self.cache = cache
         self.server = server
         self.config = config
         self.memory_probe = memory_probe
         self.reporter = reporter or Reporter(quiet=True)
-        self.metrics = EndpointMetrics()
-        self.control = ContainerClient(server.sagemaker_url)
+        self.metrics = metrics or EndpointMetrics()
+        self.instance_sampler = instance_sampler  # CPU, memory, disk and GPU utilisation of the instance
         self._loaded: OrderedDict[str, LoadedEntry] = OrderedDict()
-        self._loading: dict[str, asyncio.Future] = {}
-        self._control_lock = asyncio.Lock()
-        self._session: aiohttp.ClientSession | None = None
+        self._loading: dict[str, asyncio.Task] = {}
+        self._unloading: set[str] = set()  # Triton may still read their files
+        self._reserved_bytes = 0  # estimated footprints of the loads in the container now
+        self._active_loads = 0  # loads admitted to the container and not finished
+        # Evictions and admissions; never held during a load. Notified when a load finishes.
+        self._room = asyncio.Condition()
+        self._recover_lock = asyncio.Lock()
+        self._forwarder: Forwarder | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=256, keepalive_timeout=60)
-        self._session = aiohttp.ClientSession(
-            connector=connector, timeout=aiohttp.ClientTimeout(total=self.config.invoke_timeout_s)
-        )
+        self._forwarder = Forwarder(self.server.sagemaker_url, self.config.invocation_timeout_s,
+                                    loads_in_flight=lambda: len(self._loading))
         self._record_memory()
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-        self.control.close()
+        for task in list(self._loading.values()):
+            task.cancel()
+        if self._forwarder is not None:
+            await self._forwarder.close()
 
     # -- state -----------------------------------------------------------------------------
     @property
     def limit(self) -> int:
         return self.config.memory_limit_bytes
+
+    def in_use(self, target: str) -> bool:
+        """Loaded, loading or unloading: its cached files must stay on disk (called from the
+        cache's fetch threads: membership tests only)."""
+        return target in self._loaded or target in self._loading or target in self._unloading
 
     def loaded_models(self) -> list[dict]:
         return [
@@ -119,38 +148,48 @@ class MultiModelEndpoint:
 
     def snapshot(self) -> dict:
         self._record_memory()
+        if self.instance_sampler is not None:
+            self.metrics.instance(self.instance_sampler.sample())
         return {**self.metrics.snapshot(), "loaded_models": self.loaded_models(),
-                "memory_threshold": self.config.memory_threshold,
+                "loading_models": sorted(self._loading), "memory_threshold": self.config.memory_threshold,
+                "endpoint": {"name": self.config.endpoint_name, "variant": self.config.variant_name},
                 "container": {"kind": type(self.server).__name__, "pid": self.server.pid,
                               "url": self.server.sagemaker_url}}
 
     # -- invocations -----------------------------------------------------------------------
     async def invoke(self, target: str | None, body: bytes, content_type: str, accept: str | None) -> sm.HttpReply:
         start = time.perf_counter()
+        reply, model_s, wait_s, hit = await self._invoke(target, body, content_type, accept, start)
+        total_us = (time.perf_counter() - start) * 1e6
+        self.metrics.request(target or "", reply.status, model_us=model_s * 1e6, total_us=total_us,
+                             wait_us=wait_s * 1e6, hit=hit)
+        return reply
+
+    async def _invoke(self, target, body, content_type, accept, start) -> tuple[sm.HttpReply, float, float, bool | None]:
+        """The reply, the container's time, the load wait and whether the model was loaded (None: not asked)."""
         if not target:
-            return sm.validation_error("This is a multi-model endpoint: set TargetModel (X-Amzn-SageMaker-Target-Model).")
+            return sm.validation_error("This is a multi-model endpoint: set TargetModel (X-Amzn-SageMaker-Target-Model)."), 0.0, 0.0, None
         try:
             target = validate_target_name(target)
         except InvalidTargetName as exc:
-            return sm.validation_error(str(exc))
+            return sm.validation_error(str(exc)), 0.0, 0.0, None
         if len(body) > self.config.max_payload_bytes:
-            return sm.validation_error(
-                f"Received payload size {len(body)} bytes exceeds the limit of {self.config.max_payload_bytes} bytes."
-            )
+            return sm.payload_too_large(self.config.max_payload_bytes), 0.0, 0.0, None
+        deadline = start + self.config.model_wait_timeout_s
         restarted = False
-        total_wait = 0.0
+        wait_s = 0.0
         hit = True
         for _ in range(MAX_ATTEMPTS):
             try:
-                attempt_hit, wait_s = await self._ensure_loaded(target)
+                attempt_hit, attempt_wait = await self._ensure_loaded(target, deadline)
+            except ModelStillLoading:
+                return self._not_ready(target), 0.0, time.perf_counter() - start, False
             except LoadFailed as exc:
-                self._finish(target, "model_error", 0.0, start, 0.0, False)
-                return self._model_error(exc.status, exc.message)
+                return self._model_error(exc.status, exc.body), 0.0, time.perf_counter() - start, False
             except Exception as exc:  # store and extraction errors carry their SageMaker code
-                self._finish(target, "error", 0.0, start, 0.0, False)
-                return sm.reply_for_exception(exc)
+                return sm.reply_for_exception(exc), 0.0, time.perf_counter() - start, False
             hit = hit and attempt_hit
-            total_wait += wait_s
+            wait_s += attempt_wait
             entry = self._loaded.get(target)
             if entry is None:
                 continue  # evicted between its load and this request: load it again
@@ -158,148 +197,197 @@ class MultiModelEndpoint:
             entry.invocations += 1
             model_start = time.perf_counter()
             try:
-                status, headers, data = await self._forward(target, body, content_type, accept)
+                status, headers, data = await self._forwarder.invoke(target, body, content_type, accept)
+            except InvocationTimedOut:
+                return self._timed_out(), time.perf_counter() - model_start, wait_s, hit
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 if not restarted and not self.server.is_running():
                     restarted = True
                     await self._recover()
                     continue
-                self._finish(target, "error", 0.0, start, total_wait, hit)
-                return sm.service_unavailable(f"The serving container did not answer: {exc}")
+                return sm.service_unavailable(f"The serving container did not answer: {exc}"), 0.0, wait_s, hit
             finally:
                 entry.inflight -= 1
             model_s = time.perf_counter() - model_start
             if status == 200:
-                self._finish(target, "ok", model_s, start, total_wait, hit)
-                return sm.invocation_reply(data, headers.get("Content-Type", "application/json"))
-            self._finish(target, "model_error", model_s, start, total_wait, hit)
-            return self._model_error(status, _message(data))
-        self._finish(target, "error", 0.0, start, total_wait, False)
-        return sm.model_not_ready(f"Model {target} was unloaded to make room before it could serve; retry the request.")
+                return (sm.invocation_reply(data, headers.get("Content-Type", "application/json"),
+                                            variant=self.config.variant_name), model_s, wait_s, hit)
+            return self._model_error(status, data.decode("utf-8", "replace")), model_s, wait_s, hit
+        return sm.model_not_ready(f"Model {target} was unloaded to make room before it could serve; retry the request."), 0.0, wait_s, False
 
-    def _finish(self, target: str, outcome: str, model_s: float, start: float, wait_s: float, hit: bool) -> None:
-        total = time.perf_counter() - start
-        self.metrics.request(target, outcome, model_s * 1e6, total * 1e6, wait_s * 1e6, hit)
-
-    def _model_error(self, status: int, message: str) -> sm.HttpReply:
-        return sm.model_error(status, message, endpoint_name="local", region=self.config.region,
+    def _model_error(self, status: int, raw_body: str) -> sm.HttpReply:
+        return sm.model_error(status, raw_body, endpoint_name=self.config.endpoint_name, region=self.config.region,
                               account=self.config.account)
 
-    async def _forward(self, target: str, body: bytes, content_type: str, accept: str | None):
-        headers = {"Content-Type": content_type}
-        if accept:
-            headers["Accept"] = accept
-        headers[TARGET_HEADER] = target
-        url = f"{self.server.sagemaker_url}/models/{cache_key(target)}/invoke"
-        if self._session is None:
-            raise RuntimeError("MultiModelEndpoint.start() was not called")
-        async with self._session.post(url, data=body, headers=headers) as response:
-            return response.status, response.headers, await response.read()
+    def _timed_out(self) -> sm.HttpReply:
+        return sm.invocation_timed_out(endpoint_name=self.config.endpoint_name, region=self.config.region,
+                                       account=self.config.account)
+
+    def _not_ready(self, target: str) -> sm.HttpReply:
+        return sm.model_not_ready(
+            f"Model {target} is not ready: it has been downloading or loading for more than "
+            f"{self.config.model_wait_timeout_s:g} s and is still loading. Retry the request."
+        )
 
     # -- loading and eviction ----------------------------------------------------------------
-    async def _ensure_loaded(self, target: str) -> tuple[bool, float]:
+    async def _ensure_loaded(self, target: str, deadline: float) -> tuple[bool, float]:
+        """(already loaded, seconds waited). Raises ModelStillLoading past ``deadline``; the
+        load itself runs as its own task and is never cancelled by a waiting request."""
         if target in self._loaded:
             self._loaded.move_to_end(target)
             return True, 0.0
         start = time.perf_counter()
-        pending = self._loading.get(target)
-        if pending is None:
-            pending = asyncio.get_running_loop().create_future()
-            self._loading[target] = pending
-            try:
-                await self._load(target)
-                pending.set_result(None)
-            except BaseException as exc:
-                pending.set_exception(exc)
-                pending.exception()  # retrieved: waiters (if any) re-raise it themselves
-                raise
-            finally:
-                self._loading.pop(target, None)
-        else:
-            await asyncio.shield(pending)
+        task = self._loading.get(target)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._load(target), name=f"load {target}")
+            self._loading[target] = task
+            task.add_done_callback(lambda done, t=target: self._load_finished(t, done))
+        try:
+            await asyncio.wait_for(asyncio.shield(task), timeout=max(0.0, deadline - time.perf_counter()))
+        except TimeoutError:
+            raise ModelStillLoading(target) from None
         return False, time.perf_counter() - start
+
+    def _load_finished(self, target: str, task: asyncio.Task) -> None:
+        if self._loading.get(target) is task:
+            del self._loading[target]
+        if not task.cancelled():
+            task.exception()  # retrieved here: waiters, if any, get it through their own await
 
     async def _load(self, target: str) -> None:
         cached = await asyncio.to_thread(self.cache.fetch, target)
-        async with self._control_lock:
+        while True:
+            reserved = await self._admit()
+            overlapped = self._active_loads > 1
+            before = self.memory_probe()
+            started = time.perf_counter()
+            try:
+                await asyncio.to_thread(self._container_load, cached, target)
+            except ModelAlreadyLoaded:
+                pass  # the container kept it (e.g. across a front restart): serve it as loaded
+            except ContainerOutOfMemory as exc:
+                async with self._room:
+                    evicted = await self._evict_one()
+                if not evicted:
+                    raise LoadFailed(507, exc.body) from None
+                continue
+            except ModelLoadFailed as exc:
+                self._report_load_failure(target, exc)
+                raise LoadFailed(exc.status, exc.body) from None
+            finally:
+                overlapped = overlapped or self._active_loads > 1
+                await self._release(reserved)
+            load_s = time.perf_counter() - started
+            footprint = max(0, self.memory_probe() - before)
+            self._loaded[target] = LoadedEntry(target, cached, footprint, load_s, footprint_shared=overlapped)
+            fresh = not cached.cache_hit
+            self.metrics.model_loaded(load_s, cached.download_seconds if fresh else None,
+                                      cached.extract_seconds if fresh else None)
+            used = self._record_memory()
+            self.reporter.info(
+                f"  loaded {target} in {load_s:.2f} s (+{footprint / 2**20:.0f} MiB"
+                f"{', other loads ran alongside' if overlapped else ''}; "
+                f"{len(self._loaded)} loaded, {100 * used / self.limit:.1f}% of the memory limit)"
+            )
+            return
+
+    async def _admit(self) -> int:
+        """Wait until a load may go to the container; returns the bytes reserved for it.
+
+        A load goes ahead when its estimated footprint (the largest measured so far) fits under
+        the threshold beside what is used and reserved by the loads under way, after unloading
+        idle models; when it does not fit, or no footprint is known yet, it waits for a load
+        under way to finish and looks again. With no load under way it goes ahead regardless
+        (nothing left to unload: the container has the last word, 507 included)."""
+        async with self._room:
             while True:
-                await self._make_room()
-                before = self.memory_probe()
-                started = time.perf_counter()
-                try:
-                    await asyncio.to_thread(self.control.load, cached.container_name,
-                                            self.server.model_url(cached.model_dir), target=target)
-                except ModelAlreadyLoaded:
-                    pass  # the container kept it (e.g. across a front restart): serve it as loaded
-                except ContainerOutOfMemory as exc:
-                    if not await self._evict_one():
-                        raise LoadFailed(507, f"out of memory loading {target} with nothing left to unload: {exc}") from None
-                    continue
-                except ModelLoadFailed as exc:
-                    self.reporter.info(f"  load {target} failed: {exc}")
-                    if any(ch.isspace() for ch in target):
-                        self.reporter.warn(
-                            f"{target}: Triton names the model after its target, and the python backend of Triton "
-                            "releases before 25.08 cuts model names at spaces (python_backend stub_launcher), so "
-                            "python-backend models cannot load under such a name there, on SageMaker too; rename the object"
-                        )
-                    raise LoadFailed(exc.status, str(exc)) from None
-                load_s = time.perf_counter() - started
-                footprint = max(0, self.memory_probe() - before)
-                self._loaded[target] = LoadedEntry(target, cached, footprint, load_s)
-                fresh = not cached.cache_hit
-                self.metrics.model_loaded(load_s, cached.download_seconds if fresh else None,
-                                          cached.extract_seconds if fresh else None)
-                used = self._record_memory()
-                self.reporter.info(
-                    f"  loaded {target} in {load_s:.2f} s (+{footprint / 2**20:.0f} MiB; "
-                    f"{len(self._loaded)} loaded, {100 * used / self.limit:.1f}% of the memory limit)"
-                )
-                return
+                fits = await self._make_room()
+                if fits or self._active_loads == 0:
+                    reserved = self._estimate_footprint()
+                    self._reserved_bytes += reserved
+                    self._active_loads += 1
+                    return reserved
+                await self._room.wait()
+
+    async def _release(self, reserved: int) -> None:
+        async with self._room:
+            self._reserved_bytes -= reserved
+            self._active_loads -= 1
+            self._room.notify_all()
+
+    def _container_load(self, cached: CachedModel, target: str) -> None:
+        # Its own connection: Triton runs a load on the HTTP thread of the connection that asked.
+        with ContainerClient(self.server.sagemaker_url) as control:
+            control.load(cached.container_name, self.server.model_url(cached.model_dir), target=target)
+
+    def _report_load_failure(self, target: str, exc: ModelLoadFailed) -> None:
+        self.reporter.info(f"  load {target} failed: {exc}")
+        if any(ch.isspace() for ch in target):
+            self.reporter.warn(
+                f"{target}: Triton names the model after its target, and the python backend of Triton "
+                "releases before 25.08 cuts model names at spaces (python_backend stub_launcher), so "
+                "python-backend models cannot load under such a name there, on SageMaker too; rename the object"
+            )
 
     def _estimate_footprint(self) -> int:
-        sizes = [e.footprint_bytes for e in self._loaded.values() if e.footprint_bytes > 0]
-        return max(sizes) if sizes else 0
+        return max((e.footprint_bytes for e in self._loaded.values()), default=0)
 
-    async def _make_room(self) -> None:
+    async def _make_room(self) -> bool:
+        """Unload idle models until a load's estimate fits under the threshold beside the loads
+        under way; False when it does not fit, or nothing is known to estimate with while
+        other loads run (call with the room condition held)."""
+        if not self._loaded and self._active_loads:
+            return False  # no footprint measured yet: one load at a time until there is
         budget = self.config.memory_threshold * self.limit
-        while self._loaded and self.memory_probe() + self._estimate_footprint() > budget:
-            if not await self._evict_one():
-                return
+        while self.memory_probe() + self._reserved_bytes + self._estimate_footprint() > budget:
+            if not self._loaded or not await self._evict_one():
+                return False
+        return True
 
     async def _evict_one(self) -> bool:
         """Unload the least recently used model with no request in flight; False when every
-        loaded model is serving (then the load goes ahead and the container has the last word)."""
+        loaded model is serving (then the load goes ahead and the container has the last word).
+        Call with the room lock held."""
         victim = next((t for t, e in self._loaded.items() if e.inflight == 0), None)
         if victim is None:
             return False
-        # Out of the table first: a request for it from now on loads it again (and waits for
-        # the control lock this eviction holds) instead of reaching a model being unloaded.
+        # Out of the table first: a request for it from now on loads it again instead of
+        # reaching a model being unloaded.
         del self._loaded[victim]
-        started = time.perf_counter()
-        with contextlib.suppress(ModelNotLoaded):  # already gone is as good as unloaded
-            await asyncio.to_thread(self.control.unload, cache_key(victim), target=victim)
-        unload_s = time.perf_counter() - started
+        unload_s = await self._container_unload(victim)
         self.metrics.model_unloaded(unload_s, evicted=True)
         used = self._record_memory()
         self.reporter.info(f"  evicted {victim} (least recently used) in {unload_s:.2f} s; {used / 2**20:.0f} MiB used")
         return True
 
+    async def _container_unload(self, target: str) -> float:
+        started = time.perf_counter()
+
+        def unload() -> None:
+            with ContainerClient(self.server.sagemaker_url) as control, contextlib.suppress(ModelNotLoaded):
+                control.unload(cache_key(target), target=target)  # already gone is as good as unloaded
+
+        self._unloading.add(target)
+        try:
+            await asyncio.to_thread(unload)
+        finally:
+            self._unloading.discard(target)
+        self.cache.touch(target)  # last used when it stopped serving, not when it was loaded
+        return time.perf_counter() - started
+
     async def unload(self, target: str) -> bool:
-        async with self._control_lock:
-            if target not in self._loaded:
+        async with self._room:
+            entry = self._loaded.pop(target, None)
+            if entry is None:
                 return False
-            started = time.perf_counter()
-            self._loaded.pop(target, None)
-            with contextlib.suppress(ModelNotLoaded):
-                await asyncio.to_thread(self.control.unload, cache_key(target), target=target)
-            self.metrics.model_unloaded(time.perf_counter() - started, evicted=False)
+            self.metrics.model_unloaded(await self._container_unload(target), evicted=False)
             self._record_memory()
+            self._room.notify_all()
             return True
 
     # -- faults ----------------------------------------------------------------------------------
     async def _recover(self) -> None:
-        async with self._control_lock:
+        async with self._recover_lock:
             if self.server.is_running():
                 return
             self.reporter.warn(
@@ -316,14 +404,3 @@ class MultiModelEndpoint:
             await asyncio.sleep(interval_s)
             if not self.server.is_running():
                 await self._recover()
-
-
-def _message(data: bytes) -> str:
-    """Triton's error bodies are {"error": "..."}; anything else is shown as text."""
-    try:
-        parsed = json.loads(data)
-    except ValueError:
-        parsed = None
-    if isinstance(parsed, dict) and "error" in parsed:
-        return str(parsed["error"])
-    return data[:500].decode("utf-8", "replace")

@@ -27,7 +27,17 @@ SERVICE = "sagemaker-runtime"
 OPERATION = "InvokeEndpoint"
 # The namespace AWS puts after the code in x-amzn-ErrorType; botocore keeps only the code.
 ERROR_TYPE_SUFFIX = ":http://internal.amazon.com/coral/com.amazon.sagemaker/"
+# Errors raised before the request reaches SageMaker's service code carry Coral's namespace.
+CORAL_SERVICE_SUFFIX = ":http://internal.amazon.com/coral/com.amazon.coral.service/"
 DEFAULT_VARIANT = "AllTraffic"
+DEFAULT_ENDPOINT = "local"
+DEFAULT_ACCOUNT = "000000000000"
+PRIMARY_CONTAINER = "primary"
+# What SageMaker says when the container has not answered within 60 s (OriginalStatusCode 0).
+INVOCATION_TIMEOUT_MESSAGE = (
+    "Your invocation timed out while waiting for a response from container {container}. Review the latency "
+    "metrics for each container in Amazon CloudWatch, resolve the issue, and try again."
+)
 
 
 @dataclass(frozen=True)
@@ -119,6 +129,29 @@ def internal_dependency(message: str, *, request_id: str | None = None) -> HttpR
     return error_reply("InternalDependencyException", message, request_id=request_id)
 
 
+def payload_too_large(limit: int, *, request_id: str | None = None) -> HttpReply:
+    """413 for a body over the limit: not a modeled error, so botocore raises a plain ClientError
+    with code "413" (seen against AWS: "An error occurred (413) when calling the InvokeEndpoint
+    operation: HTTP content length exceeded 5246976 bytes.", aws/sagemaker-python-sdk#171, when the
+    limit was 5 MiB)."""
+    body = {"message": f"HTTP content length exceeded {limit} bytes."}
+    headers = (("Content-Type", "application/json"), ("x-amzn-RequestId", _request_id(request_id)))
+    return HttpReply(413, headers, json.dumps(body).encode())
+
+
+def missing_authentication_token(*, request_id: str | None = None) -> HttpReply:
+    """403 for a request without a SigV4 signature, byte for byte as SageMaker Runtime sends it
+    (captured in aws/amazon-sagemaker-examples#290)."""
+    headers = (("Content-Type", "application/json"), ("x-amzn-RequestId", _request_id(request_id)),
+               ("x-amzn-ErrorType", "MissingAuthenticationTokenException" + CORAL_SERVICE_SUFFIX))
+    return HttpReply(403, headers, json.dumps({"message": "Missing Authentication Token"}).encode())
+
+
+def endpoint_not_found(name: str, account: str, *, request_id: str | None = None) -> HttpReply:
+    """400 ValidationError for an endpoint name this account does not have."""
+    return validation_error(f"Endpoint {name} of account {account} not found.", request_id=request_id)
+
+
 def log_stream_arn(endpoint_name: str, region: str, account: str) -> str:
     return f"arn:aws:logs:{region}:{account}:log-group:/aws/sagemaker/Endpoints/{endpoint_name}"
 
@@ -129,11 +162,13 @@ def model_error(
     *,
     endpoint_name: str,
     region: str = "us-east-1",
-    account: str = "000000000000",
-    container: str = "primary",
+    account: str = DEFAULT_ACCOUNT,
+    container: str = PRIMARY_CONTAINER,
     request_id: str | None = None,
 ) -> HttpReply:
-    """424: the container answered ``original_status_code``; worded as AWS words it."""
+    """424: the container answered ``original_status_code`` with ``original_message``, its
+    raw response body (Triton's ``{"error": "..."}``), which AWS passes on as OriginalMessage and
+    quotes in Message; worded as AWS words it."""
     kind = "client" if 400 <= original_status_code < 500 else "server"
     group = f"/aws/sagemaker/Endpoints/{endpoint_name}"
     message = (
@@ -148,6 +183,14 @@ def model_error(
     # AWS also sends ErrorCode (not in the service model; botocore ignores it).
     body = {"ErrorCode": "CLIENT_ERROR_FROM_MODEL" if kind == "client" else "INTERNAL_FAILURE_FROM_MODEL", **json.loads(reply.body)}
     return HttpReply(reply.status, reply.headers, json.dumps(body).encode())
+
+
+def invocation_timed_out(*, endpoint_name: str, region: str = "us-east-1", account: str = DEFAULT_ACCOUNT,
+                         container: str = PRIMARY_CONTAINER, request_id: str | None = None) -> HttpReply:
+    """424 ModelError with OriginalStatusCode 0: the container did not answer in time (boto3
+    does not retry it)."""
+    return model_error(0, INVOCATION_TIMEOUT_MESSAGE.format(container=container), endpoint_name=endpoint_name,
+                       region=region, account=account, container=container, request_id=request_id)
 
 
 def reply_for_exception(exc: BaseException, *, request_id: str | None = None) -> HttpReply:

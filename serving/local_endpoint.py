@@ -6,23 +6,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import tempfile
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 from aiohttp import web
 
 from mme.errors import UsageError
 from mme.progress import Reporter
+from serving import errors_sagemaker as sm
 from serving.cache import ModelCache
 from serving.copies import CopiesSource
-from serving.endpoint import EndpointConfig, MultiModelEndpoint
+from serving.endpoint import SAGEMAKER_TIMEOUT_S, EndpointConfig, MultiModelEndpoint
+from serving.instance_metrics import InstanceSampler
 from serving.front import build_app
 from serving.memory import MemoryMeter, choose_meter
 from serving.store import source_from_uri
 from serving.triton.base import TritonServerConfig
 from serving.triton.factory import choose_cache_root, choose_kind, create_server, server_class
+
+ENDPOINT_NAME = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")  # CreateEndpoint's EndpointName pattern
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,15 @@ class LocalEndpointOptions:
     cache_dir: Path | None = None  # default: the server's required root, else a temporary directory
     s3_endpoint_url: str | None = None
     memory: str = "auto"  # what the threshold counts: gpu (NVML), host (process-tree RSS) or auto
+    endpoint_name: str = sm.DEFAULT_ENDPOINT  # the only EndpointName this endpoint answers for
+    variant_name: str = sm.DEFAULT_VARIANT
+    account: str = sm.DEFAULT_ACCOUNT  # in ValidationError messages and LogStreamArn
+    region: str = "us-east-1"
+    model_wait_timeout_s: float = SAGEMAKER_TIMEOUT_S  # then 429 ModelNotReadyException
+    invocation_timeout_s: float = SAGEMAKER_TIMEOUT_S  # then ModelError, OriginalStatusCode 0
+    allow_unsigned: bool = False  # accept requests without a SigV4 signature (SageMaker answers 403)
+    sagemaker_env: Mapping[str, str] = field(default_factory=dict)  # SAGEMAKER_TRITON_* and the container's env
+    disk_limit_bytes: int | None = None  # delete least recently used unloaded artifacts past this
 
     def check(self) -> None:
         if not 0 < self.memory_threshold <= 1:
@@ -45,6 +60,17 @@ class LocalEndpointOptions:
             raise UsageError(f"--memory-limit must be a positive number of bytes (got {self.memory_limit_bytes})")
         if not 0 <= self.port < 65536:
             raise UsageError(f"--port must be between 0 and 65535 (got {self.port})")
+        for flag, value in (("--model-wait-timeout", self.model_wait_timeout_s),
+                            ("--invocation-timeout", self.invocation_timeout_s)):
+            if not value > 0:
+                raise UsageError(f"{flag} must be a positive number of seconds (got {value:g})")
+        if self.disk_limit_bytes is not None and self.disk_limit_bytes <= 0:
+            raise UsageError(f"--disk-limit must be a positive number of bytes (got {self.disk_limit_bytes})")
+        if not (self.account.isdigit() and len(self.account) == 12):
+            raise UsageError(f"--account must be a 12-digit AWS account id (got {self.account!r})")
+        if not ENDPOINT_NAME.fullmatch(self.endpoint_name):
+            raise UsageError(f"--endpoint-name {self.endpoint_name!r} is not a SageMaker endpoint name: use up to 63 "
+                             "letters, digits and hyphens, starting with a letter or digit")
 
 
 def _local_manifest(models: str):
@@ -89,16 +115,19 @@ class LocalEndpoint:
         if options.copies:
             source = CopiesSource(source, options.copies)
         kind = choose_kind(options.server_kind)
-        config = TritonServerConfig(sagemaker_port=0, grpc_port=None, metrics_port=None)
+        # As SageMaker's image runs it: HTTP, gRPC and metrics off, SAGEMAKER_TRITON_* honoured.
+        config = TritonServerConfig(sagemaker_port=0, http_port=None, grpc_port=None, metrics_port=None,
+                                    sagemaker_env=dict(options.sagemaker_env))
         cache_dir = choose_cache_root(options.cache_dir, server_class(kind).required_model_root())
         self._tmp = None
         if cache_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="mme-cache-")
             cache_dir = Path(self._tmp.name)
-        self.cache = ModelCache(cache_dir, source)
+        self.cache = ModelCache(cache_dir, source, disk_limit_bytes=options.disk_limit_bytes, in_use=self._in_use)
         self.server = create_server(kind, config, model_root=self.cache.root)
         instance_kind = manifest.triton.get("instance_kind") if manifest is not None else None
         self.meter: MemoryMeter = choose_meter(options.memory, self.server.pids, instance_kind=instance_kind)
+        self.sampler = InstanceSampler(self.server.pids, self.cache.root)
         self.endpoint: MultiModelEndpoint | None = None
         self.port: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -110,6 +139,9 @@ class LocalEndpoint:
     def url(self) -> str:
         return f"http://{self.options.host}:{self.port}"
 
+    def _in_use(self, target: str) -> bool:
+        return self.endpoint is not None and self.endpoint.in_use(target)
+
     def memory_used(self) -> int:
         return self.meter.used()
 
@@ -117,8 +149,15 @@ class LocalEndpoint:
         return self.options.memory_limit_bytes or self.meter.total()
 
     async def _start_async(self) -> None:
-        config = EndpointConfig(memory_limit_bytes=self._memory_limit(), memory_threshold=self.options.memory_threshold)
-        self.endpoint = MultiModelEndpoint(self.cache, self.server, config, self.memory_used, self.reporter)
+        o = self.options
+        config = EndpointConfig(
+            memory_limit_bytes=self._memory_limit(), memory_threshold=o.memory_threshold, region=o.region,
+            account=o.account, endpoint_name=o.endpoint_name, variant_name=o.variant_name,
+            model_wait_timeout_s=o.model_wait_timeout_s, invocation_timeout_s=o.invocation_timeout_s,
+            allow_unsigned=o.allow_unsigned,
+        )
+        self.endpoint = MultiModelEndpoint(self.cache, self.server, config, self.memory_used, self.reporter,
+                                           instance_sampler=self.sampler)
         await self.endpoint.start()
         self._runner = web.AppRunner(build_app(self.endpoint), access_log=None)
         await self._runner.setup()
@@ -140,6 +179,8 @@ class LocalEndpoint:
     def start_in_thread(self) -> "LocalEndpoint":
         """Start everything; the HTTP front runs on a daemon thread's event loop."""
         self.server.start()
+        for notice in self.server.notices:
+            self.reporter.warn(notice)
         self._loop = new_event_loop()
         ready = threading.Event()
         failure: list[BaseException] = []
@@ -175,6 +216,7 @@ class LocalEndpoint:
                 self._thread.join(timeout=10)
         finally:
             self.server.stop()
+            self.sampler.close()
             if self._tmp is not None:
                 self._tmp.cleanup()
 

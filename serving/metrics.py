@@ -1,131 +1,266 @@
-"""Endpoint metrics named like CloudWatch's for multi-model endpoints.
+"""Endpoint metrics with CloudWatch's names, units and meanings for SageMaker multi-model endpoints.
 
-Per request: ModelLatency and OverheadLatency (microseconds, as CloudWatch reports them),
-ModelLoadingWaitTime, ModelCacheHit. Per model event: ModelDownloadingTime,
-ModelLoadingTime, ModelUnloadingTime. Gauges: LoadedModelCount, memory used and its
-utilisation. Exposed as Prometheus text (one registry per endpoint, no globals) and as a
-JSON snapshot the bench reads.
+Source: AWS, "Monitor Amazon SageMaker AI with Amazon CloudWatch" (invocation, multi-model
+loading and instance metrics) and /work/shared/reference.md, "What SageMaker's MME front end
+and Triton's SageMaker mode actually do".
+
+* Per request (microseconds): ModelLatency (the container's time), OverheadLatency (the
+  front's total time minus ModelLatency, so it *includes* any wait for a model load),
+  ModelLoadingWaitTime (only requests that waited for a load). ModelCacheHit is a 0/1 value
+  per request: Average = hit ratio, Sum = hits, SampleCount = requests that needed a model.
+* Invocation counts: Invocations, Invocation4XXErrors, Invocation5XXErrors,
+  InvocationsPerInstance (Invocations / instance count; one instance locally).
+* Per model event (microseconds): ModelDownloadingTime, ModelLoadingTime, ModelUnloadingTime
+  (and ModelExtractionTime, ours). Gauge LoadedModelCount.
+* Instance (percent): CPUUtilization (summed over cores), MemoryUtilization (host memory),
+  DiskUtilization, GPUUtilization and GPUMemoryUtilization (summed over GPUs; None without
+  one), fed by :meth:`EndpointMetrics.instance` from serving.instance_metrics.
+* Ours: MemoryLimitUtilization (what eviction counts: used / the endpoint's memory limit),
+  MemoryUsedBytes, MemoryLimitBytes, ModelLoads, ModelEvictions, ModelCacheMiss, ContainerRestarts.
+
+Exposed as a JSON :meth:`~EndpointMetrics.snapshot` (CloudWatch statistics count/sum/min/max/avg)
+and as Prometheus text through a custom collector, so names are CloudWatch's exactly (no
+``_total`` suffix: counts are untyped families; latencies are histograms ``<name>_bucket``,
+``_sum``, ``_count``). State is plain numbers under one lock: :meth:`request` is on every
+invocation's path and costs a few microseconds.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from bisect import bisect_left
+from typing import TYPE_CHECKING, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import GaugeMetricFamily, HistogramMetricFamily, Metric, UnknownMetricFamily
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
-_US_BUCKETS = (250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
-               1_000_000, 2_500_000, 5_000_000, 10_000_000, 30_000_000)
+if TYPE_CHECKING:
+    from serving.instance_metrics import InstanceReading
+
+SCHEMA_VERSION = 1
+
+# Histogram bounds in microseconds, 50 us .. 5 min (model loads of large models take minutes).
+US_BUCKETS: tuple[float, ...] = (
+    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000, 2_500_000, 5_000_000, 10_000_000, 30_000_000, 60_000_000, 120_000_000, 300_000_000)
+_BUCKET_LABELS = tuple(floatToGoString(b) for b in US_BUCKETS) + ("+Inf",)
+
+# name -> help text; all in microseconds (CloudWatch's unit for these).
+LATENCIES: dict[str, str] = {
+    "ModelLatency": "time the container took to answer a request, as seen from the front (us)",
+    "OverheadLatency": "front's total time per request minus ModelLatency, including any wait for a model load (us)",
+    "ModelLoadingWaitTime": "time a request waited for its model to be downloaded and loaded; only requests that waited (us)",
+    "ModelDownloadingTime": "time to download a model's tarball into the cache (us)",
+    "ModelLoadingTime": "time the container took to load a model (us)",
+    "ModelUnloadingTime": "time the container took to unload a model (us)",
+    "ModelExtractionTime": "time to unpack a downloaded tarball (us; not a CloudWatch metric)",
+}
+COUNTS: dict[str, str] = {
+    "Invocations": "invocation requests received (4XX/5XX included)",
+    "Invocation4XXErrors": "invocations answered with a 4xx status (400, 413, 424 ModelError, 429...)",
+    "Invocation5XXErrors": "invocations answered with a 5xx status",
+    "InvocationsPerInstance": "Invocations divided by the instance count (one instance locally, so = Invocations)",
+    "ModelCacheHit": "Sum of ModelCacheHit: requests whose model was already loaded; "
+                     "hit ratio = ModelCacheHit / (ModelCacheHit + ModelCacheMiss)",
+    "ModelCacheMiss": "requests whose model was not loaded (not a CloudWatch metric)",
+    "ModelLoads": "models loaded into the container (not a CloudWatch metric)",
+    "ModelEvictions": "models unloaded to make room (not a CloudWatch metric)",
+    "ContainerRestarts": "serving container crashes recovered (not a CloudWatch metric)",
+}
+GAUGES: dict[str, str] = {
+    "LoadedModelCount": "models loaded in the container",
+    "MemoryUsedBytes": "memory the endpoint counts against its limit (bytes)",
+    "MemoryLimitBytes": "memory limit the endpoint evicts against (bytes)",
+    "MemoryLimitUtilization": "MemoryUsedBytes / MemoryLimitBytes, percent (eviction threshold; not a CloudWatch metric)",
+    "MemoryUtilization": "host memory used by the container's processes (RSS) / the host's RAM, percent",
+    "CPUUtilization": "CPU used by the container's processes, summed over cores (0..100 x cores), percent",
+    "DiskUtilization": "disk space used on the filesystem holding the model cache, percent",
+    "GPUUtilization": "GPU utilisation summed over GPUs (0..100 x GPUs), percent; absent without a GPU",
+    "GPUMemoryUtilization": "GPU memory used summed over GPUs (0..100 x GPUs), percent; absent without a GPU",
+}
+UNITS: dict[str, str] = {
+    **{name: "Microseconds" for name in LATENCIES}, **{name: "None" for name in COUNTS},
+    "LoadedModelCount": "None", "MemoryUsedBytes": "Bytes", "MemoryLimitBytes": "Bytes",
+    **{name: "Percent" for name in GAUGES if name.endswith("Utilization")},
+}
+OUTCOMES = ("ok", "model_error", "error")
 
 
-@dataclass
-class _Totals:
-    count: int = 0
-    total: float = 0.0
-    maximum: float = 0.0
+class _Stat:
+    """CloudWatch statistics of one metric (SampleCount, Sum, Minimum, Maximum) plus histogram buckets."""
 
-    def add(self, value: float) -> None:
+    __slots__ = ("count", "total", "minimum", "maximum", "buckets")
+
+    def __init__(self, buckets: bool = True) -> None:
+        self.count = 0
+        self.total = 0.0
+        self.minimum = 0.0
+        self.maximum = 0.0
+        self.buckets = [0] * (len(US_BUCKETS) + 1) if buckets else None
+
+    def observe(self, value: float) -> None:
+        if self.count == 0 or value < self.minimum:
+            self.minimum = value
+        if self.count == 0 or value > self.maximum:
+            self.maximum = value
         self.count += 1
         self.total += value
-        self.maximum = max(self.maximum, value)
+        if self.buckets is not None:
+            self.buckets[bisect_left(US_BUCKETS, value)] += 1  # first bound >= value: Prometheus's "le"
 
     def to_dict(self) -> dict:
-        return {"count": self.count, "sum": round(self.total, 3), "max": round(self.maximum, 3),
-                "avg": round(self.total / self.count, 3) if self.count else None}
+        n = self.count
+        return {"count": n, "sum": round(self.total, 3),
+                "min": round(self.minimum, 3) if n else None, "max": round(self.maximum, 3) if n else None,
+                "avg": round(self.total / n, 6) if n else None}
+
+    def copy(self) -> _Stat:
+        other = _Stat(self.buckets is not None)
+        other.count, other.total, other.minimum, other.maximum = self.count, self.total, self.minimum, self.maximum
+        other.buckets = list(self.buckets) if self.buckets is not None else None
+        return other
 
 
-@dataclass
+class _Collector(Collector):
+    """Yields the metric families at scrape time from the endpoint's plain counters."""
+
+    def __init__(self, metrics: EndpointMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._metrics._families())
+
+
 class EndpointMetrics:
-    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    """Thread-safe metrics of one local endpoint; one Prometheus registry each (``self.registry``)."""
 
-    def __post_init__(self) -> None:
-        r = self.registry
-        self.invocations = Counter("Invocations", "invocations by target model and outcome", ["target", "outcome"], registry=r)
-        self.model_latency = Histogram("ModelLatency", "container time per request (us)", buckets=_US_BUCKETS, registry=r)
-        self.overhead_latency = Histogram("OverheadLatency", "front time per request minus ModelLatency (us)", buckets=_US_BUCKETS, registry=r)
-        self.loading_wait = Histogram("ModelLoadingWaitTime", "time a request waited for its model (us)", buckets=_US_BUCKETS, registry=r)
-        self.cache_hit = Counter("ModelCacheHit", "requests whose model was already loaded", registry=r)
-        self.cache_miss = Counter("ModelCacheMiss", "requests that had to wait for a load", registry=r)
-        self.downloading = Histogram("ModelDownloadingTime", "download time per model (us)", buckets=_US_BUCKETS, registry=r)
-        self.loading = Histogram("ModelLoadingTime", "container load time per model (us)", buckets=_US_BUCKETS, registry=r)
-        self.unloading = Histogram("ModelUnloadingTime", "container unload time per model (us)", buckets=_US_BUCKETS, registry=r)
-        self.evictions = Counter("ModelEvictions", "models unloaded to make room", registry=r)
-        self.loaded_count = Gauge("LoadedModelCount", "models loaded in the container", registry=r)
-        self.memory_used = Gauge("MemoryUsedBytes", "memory used by the serving container", registry=r)
-        self.memory_limit = Gauge("MemoryLimitBytes", "memory the endpoint may use", registry=r)
-        self.memory_utilization = Gauge("MemoryUtilization", "memory used / limit, percent", registry=r)
-        self.server_restarts = Counter("ContainerRestarts", "serving container crashes recovered", registry=r)
-        self._lock = threading.Lock()
-        self._totals: dict[str, _Totals] = {}
-        self._counts: dict[str, int] = {}
+    def __init__(self, *, instance_count: int = 1) -> None:
+        self.instance_count = instance_count
         self.started = time.time()
+        self._lock = threading.Lock()
+        self._stats = {name: _Stat() for name in LATENCIES}
+        self._cache_hit = _Stat(buckets=False)  # 0/1 per request that needed a model
+        self._counts = {name: 0 for name in COUNTS if name != "InvocationsPerInstance"}
+        self._outcomes = {outcome: 0 for outcome in OUTCOMES}
+        self._gauges: dict[str, float | int | None] = {name: None for name in GAUGES}
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(self))
 
-    def _add(self, name: str, value: float) -> None:
+    # -- per request (hot path) -------------------------------------------------------------
+    def request(self, target: str, status: int, *, model_us: float, total_us: float, wait_us: float,
+                hit: bool | None) -> None:
+        """One invocation answered with HTTP ``status``.
+
+        ``model_us``: the container's time (0: the container was not called, no ModelLatency
+        sample). ``total_us``: the front's whole time (0: not timed, no OverheadLatency sample);
+        OverheadLatency = total_us - model_us, so it includes ``wait_us``. ``wait_us``: time waited
+        for a model load (0: none, no ModelLoadingWaitTime sample). ``hit``: whether the model
+        was loaded when asked; None when the request never needed a model (no ModelCacheHit
+        sample). ``target`` is not a label: CloudWatch has no per-model metrics, and targets are
+        unbounded (the endpoint's ``loaded_models`` counts per model).
+        """
+        # Prometheus "outcome" label: "ok" (2xx), "model_error" (424 ModelError), "error" (anything else)
+        outcome = "ok" if 200 <= status < 300 else "model_error" if status == 424 else "error"
+        stats = self._stats
         with self._lock:
-            self._totals.setdefault(name, _Totals()).add(value)
+            counts = self._counts
+            counts["Invocations"] += 1
+            self._outcomes[outcome] += 1
+            if 400 <= status < 500:
+                counts["Invocation4XXErrors"] += 1
+            elif 500 <= status < 600:
+                counts["Invocation5XXErrors"] += 1
+            if hit is not None:
+                self._cache_hit.observe(1.0 if hit else 0.0)
+                counts["ModelCacheHit" if hit else "ModelCacheMiss"] += 1
+            if model_us > 0:
+                stats["ModelLatency"].observe(model_us)
+            if total_us > 0:
+                stats["OverheadLatency"].observe(max(0.0, total_us - model_us))
+            if wait_us > 0:
+                stats["ModelLoadingWaitTime"].observe(wait_us)
 
-    def _count(self, name: str, by: int = 1) -> None:
-        with self._lock:
-            self._counts[name] = self._counts.get(name, 0) + by
-
-    def request(self, target: str, outcome: str, model_us: float, total_us: float, wait_us: float, hit: bool) -> None:
-        self.invocations.labels(target=target, outcome=outcome).inc()
-        self._count(f"Invocations.{outcome}")
-        (self.cache_hit if hit else self.cache_miss).inc()
-        self._count("ModelCacheHit" if hit else "ModelCacheMiss")
-        if model_us:
-            self.model_latency.observe(model_us)
-            self._add("ModelLatency", model_us)
-        overhead = max(0.0, total_us - model_us - wait_us)
-        self.overhead_latency.observe(overhead)
-        self._add("OverheadLatency", overhead)
-        if wait_us:
-            self.loading_wait.observe(wait_us)
-            self._add("ModelLoadingWaitTime", wait_us)
-
+    # -- model events ---------------------------------------------------------------------------
     def model_loaded(self, load_s: float, download_s: float | None, extract_s: float | None) -> None:
-        """``download_s``/``extract_s`` are None when the tarball was already in the cache."""
-        self.loading.observe(load_s * 1e6)
-        self._add("ModelLoadingTime", load_s * 1e6)
-        self._count("ModelLoads")
-        if download_s is not None:
-            self.downloading.observe(download_s * 1e6)
-            self._add("ModelDownloadingTime", download_s * 1e6)
-        if extract_s is not None:
-            self._add("ModelExtractionTime", extract_s * 1e6)
+        """A load finished. ``download_s``/``extract_s`` are None when the tarball was already cached."""
+        with self._lock:
+            self._counts["ModelLoads"] += 1
+            self._stats["ModelLoadingTime"].observe(load_s * 1e6)
+            if download_s is not None:
+                self._stats["ModelDownloadingTime"].observe(download_s * 1e6)
+            if extract_s is not None:
+                self._stats["ModelExtractionTime"].observe(extract_s * 1e6)
 
     def model_unloaded(self, unload_s: float, evicted: bool) -> None:
-        self.unloading.observe(unload_s * 1e6)
-        self._add("ModelUnloadingTime", unload_s * 1e6)
-        if evicted:
-            self.evictions.inc()
-            self._count("ModelEvictions")
+        with self._lock:
+            self._stats["ModelUnloadingTime"].observe(unload_s * 1e6)
+            if evicted:
+                self._counts["ModelEvictions"] += 1
 
     def restarted(self) -> None:
-        self.server_restarts.inc()
-        self._count("ContainerRestarts")
-
-    def memory(self, used: int, limit: int, loaded: int) -> None:
-        self.memory_used.set(used)
-        self.memory_limit.set(limit)
-        self.memory_utilization.set(100.0 * used / limit if limit else 0.0)
-        self.loaded_count.set(loaded)
         with self._lock:
-            self._gauges = {"MemoryUsedBytes": used, "MemoryLimitBytes": limit,
-                            "MemoryUtilization": round(100.0 * used / limit, 2) if limit else None,
-                            "LoadedModelCount": loaded}
+            self._counts["ContainerRestarts"] += 1
+
+    # -- gauges -------------------------------------------------------------------------------
+    def memory(self, used: int, limit: int, loaded: int) -> None:
+        """What the endpoint counts against its memory limit, and the loaded model count."""
+        with self._lock:
+            self._gauges.update(MemoryUsedBytes=used, MemoryLimitBytes=limit, LoadedModelCount=loaded,
+                                MemoryLimitUtilization=round(100.0 * used / limit, 2) if limit else None)
+
+    def instance(self, reading: InstanceReading) -> None:
+        """An instance sample (serving.instance_metrics.InstanceSampler.sample())."""
+        def pct(value: float | None) -> float | None:
+            return None if value is None else round(value, 2)
+
+        with self._lock:
+            self._gauges.update(CPUUtilization=pct(reading.cpu_percent), MemoryUtilization=pct(reading.memory_percent),
+                                DiskUtilization=pct(reading.disk_percent), GPUUtilization=pct(reading.gpu_percent),
+                                GPUMemoryUtilization=pct(reading.gpu_memory_percent))
+
+    # -- reading ------------------------------------------------------------------------------
+    def _copy(self) -> tuple[dict[str, int], dict[str, int], dict[str, _Stat], _Stat, dict]:
+        with self._lock:
+            return (dict(self._counts), dict(self._outcomes), {n: s.copy() for n, s in self._stats.items()},
+                    self._cache_hit.copy(), dict(self._gauges))
+
+    def snapshot(self) -> dict:
+        """JSON-ready: schema_version 1; ``counts`` (Sums), ``latency_us`` (count/sum/min/max/avg per
+        metric, ModelCacheHit's avg = hit ratio), ``gauges`` (None = not measured), ``units``."""
+        counts, outcomes, stats, cache_hit, gauges = self._copy()
+        now = time.time()
+        counts["InvocationsPerInstance"] = counts["Invocations"] / self.instance_count
+        counts.update({f"Invocations.{outcome}": n for outcome, n in outcomes.items()})
+        latency = {name: stat.to_dict() for name, stat in stats.items()}
+        latency["ModelCacheHit"] = cache_hit.to_dict()
+        return {"schema_version": SCHEMA_VERSION, "time": now, "uptime_s": round(now - self.started, 3),
+                "instance_count": self.instance_count, "counts": counts, "latency_us": latency,
+                "gauges": gauges, "units": dict(UNITS)}
+
+    def _families(self) -> list[Metric]:
+        counts, outcomes, stats, _, gauges = self._copy()
+        families: list[Metric] = []
+        invocations = UnknownMetricFamily("Invocations", COUNTS["Invocations"], labels=["outcome"])
+        for outcome, n in outcomes.items():
+            invocations.add_metric([outcome], n)
+        families.append(invocations)
+        counts["InvocationsPerInstance"] = counts["Invocations"] / self.instance_count
+        for name, doc in COUNTS.items():
+            if name != "Invocations":
+                families.append(UnknownMetricFamily(name, doc, value=counts[name]))
+        for name, stat in stats.items():
+            cumulative, buckets = 0, []
+            for label, n in zip(_BUCKET_LABELS, stat.buckets or ()):
+                cumulative += n
+                buckets.append((label, cumulative))
+            families.append(HistogramMetricFamily(name, LATENCIES[name], buckets=buckets, sum_value=stat.total))
+        for name, doc in GAUGES.items():
+            if gauges.get(name) is not None:
+                families.append(GaugeMetricFamily(name, doc, value=gauges[name]))
+        return families
 
     def prometheus_text(self) -> bytes:
         return generate_latest(self.registry)
-
-    def snapshot(self) -> dict:
-        with self._lock:
-            return {
-                "schema_version": 1,
-                "time": time.time(),
-                "uptime_s": round(time.time() - self.started, 3),
-                "counts": dict(self._counts),
-                "latency_us": {name: t.to_dict() for name, t in self._totals.items()},
-                "gauges": dict(getattr(self, "_gauges", {})),
-            }

@@ -8,6 +8,12 @@ the local file's mtime) and downloads one to a local file.
 Target names are checked like SageMaker's ``TargetModel`` header (1 to 1,024 printable ASCII
 characters, not starting with whitespace) and, because they become paths here, must also be
 relative object names without empty, ``.`` or ``..`` segments.
+
+Errors carry the InvokeEndpoint error SageMaker answers with (``sagemaker_error``): a target whose
+object cannot be downloaded (no object, no bucket, access denied) is a ValidationError worded as
+SageMaker words it (:data:`DOWNLOAD_FAILED_MESSAGE`) with a ``(local: ...)`` hint after it; a source
+that cannot be read at all (credentials missing or refused, S3 unreachable, any listing failure)
+is an InternalDependencyException saying how to fix it locally.
 """
 
 from __future__ import annotations
@@ -25,6 +31,10 @@ TARGET_MAX_CHARS = 1024  # botocore sagemaker-runtime: TargetModelHeader max 102
 _PRINTABLE = re.compile(r"\A[\x21-\x7e][\x20-\x7e]*\Z")  # TargetModelHeader pattern \A\S[\p{Print}]*\z
 _BUCKET = re.compile(r"\A[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]\Z")
 _CHUNK = 1 << 20
+# S3 error codes that mean the credentials, not the object, are the problem.
+_CREDENTIAL_CODES = frozenset({
+    "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken", "TokenRefreshRequired",
+})
 
 
 class StoreError(MmeError):
@@ -37,14 +47,54 @@ class InvalidTargetName(StoreError):
     """The TargetModel value is not a valid object name."""
 
 
-class TargetNotFound(StoreError):
+class ModelDataDownloadFailed(StoreError):
+    """The target's object cannot be downloaded: no such object or bucket, or no permission to read it.
+
+    SageMaker answers such an InvokeEndpoint with a ValidationError (400) worded as
+    :func:`download_failed_message` words it.
+    """
+
+
+class TargetNotFound(ModelDataDownloadFailed):
     """No object with this name under the source prefix."""
+
+
+class BucketNotFound(ModelDataDownloadFailed):
+    """The bucket of the endpoint's S3 prefix does not exist (asked for one target)."""
+
+
+class TargetAccessDenied(ModelDataDownloadFailed):
+    """The credentials in use may not read the target's object (S3 403 / AccessDenied)."""
 
 
 class SourceUnavailable(StoreError):
     """The source itself cannot be read (missing directory or bucket, credentials, network)."""
 
     sagemaker_error = "InternalDependencyException"
+
+
+# What SageMaker's MME says when a target's artifact cannot be downloaded (InvokeEndpoint,
+# ValidationError, HTTP 400). Sources, searched for this change:
+# - the "(bucket: ..., key: ...)" form of an invoke-time failure, as a ValidationError
+#   ("ValidationError: Failed to download model data (bucket: ..., key: .../adapter-name)"):
+#   https://github.com/awslabs/ml-container-creator/blob/main/docs/TROUBLESHOOTING.md
+# - the sentence that follows it, verbatim as SageMaker words it for CreateEndpoint
+#   ("... Please ensure that there is an object located at the URL and that the role passed
+#   to CreateModel has permissions to download the object."):
+#   https://github.com/aws-solutions-library-samples/fraud-detection-using-machine-learning/issues/9,
+#   https://github.com/mlflow/mlflow/issues/2573, https://github.com/aws-samples/cvat-on-aws-china/issues/3
+# No capture of the exact invoke-time text was found; the two are joined here without a space
+# before "(" as this module always wrote it.
+DOWNLOAD_FAILED_MESSAGE = (
+    "Failed to download model data(bucket: {bucket}, key: {key}). Please ensure that there is an object "
+    "located at the URL and that the role passed to CreateModel has permissions to download the object."
+)
+
+
+def download_failed_message(bucket: str, key: str, local_hint: str = "") -> str:
+    """SageMaker's wording for a target whose object cannot be downloaded, then ``(local: hint)`` if given."""
+    message = DOWNLOAD_FAILED_MESSAGE.format(bucket=bucket, key=key)
+    return f"{message} (local: {local_hint})" if local_hint else message
 
 
 @dataclass(frozen=True)
@@ -165,24 +215,61 @@ class S3Source(ModelSource):
         return self.prefix + validate_target_name(target)
 
     def _fail(self, exc: Exception, target: str | None) -> StoreError:
-        from botocore.exceptions import ClientError, NoCredentialsError
+        """Map a botocore error to a StoreError.
+
+        For one target (stat, download) a missing object or bucket or a refusal is SageMaker's
+        ValidationError (:class:`ModelDataDownloadFailed`). Missing or refused credentials and an
+        unreachable endpoint cannot happen to SageMaker's own role; they stay SourceUnavailable
+        with how to fix them locally, as do all failures of list_targets.
+        """
+        from botocore.exceptions import ClientError, NoCredentialsError, PartialCredentialsError
 
         where = f"{self.uri}{target or ''}"
-        if isinstance(exc, NoCredentialsError):
+        if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
             return SourceUnavailable(f"no AWS credentials to read {where}; set AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY")
-        if isinstance(exc, ClientError):
-            code = str(exc.response.get("Error", {}).get("Code", ""))
+        if not isinstance(exc, ClientError):
+            return SourceUnavailable(f"cannot reach S3 for {where} ({type(exc).__name__}: {exc}); check endpoint_url and the network")
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        key = self.prefix + target if target is not None else None
+        if key is not None and code in ("403", "404"):  # HeadObject: a bare status, no body to say why
+            code = self._error_code_of_get(key) or code
+        if code in _CREDENTIAL_CODES:
+            return SourceUnavailable(
+                f"S3 refused the AWS credentials in use ({code}) reading {where}; refresh them (aws sso login, "
+                "a new session token) or set AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
+            )
+        if key is not None:
             if code == "NoSuchBucket":
-                return SourceUnavailable(f"bucket {self.bucket} does not exist; create it or fix the s3:// URI")
-            if target is not None and code in ("404", "NoSuchKey", "NotFound"):
-                return TargetNotFound(
-                    f"Failed to download model data(bucket: {self.bucket}, key: {self.prefix}{target}). "
-                    "Please ensure that there is an object located at the URL"
-                )
+                return BucketNotFound(download_failed_message(
+                    self.bucket, key, f"bucket {self.bucket} does not exist; create it or fix the s3:// URI"))
+            if code in ("404", "NoSuchKey", "NotFound"):
+                return TargetNotFound(download_failed_message(
+                    self.bucket, key, f"no object s3://{self.bucket}/{key}; upload it or fix the TargetModel name"))
             if code in ("403", "AccessDenied"):
-                return SourceUnavailable(f"access denied reading {where}; grant s3:GetObject and s3:ListBucket on it")
-            return SourceUnavailable(f"S3 error {code} reading {where}: {exc}")
-        return SourceUnavailable(f"cannot reach S3 for {where} ({type(exc).__name__}: {exc}); check endpoint_url and the network")
+                return TargetAccessDenied(download_failed_message(
+                    self.bucket, key,
+                    f"access denied to s3://{self.bucket}/{key}; grant the credentials in use s3:GetObject on it, "
+                    "and s3:ListBucket on the bucket, without which S3 answers 403 for a missing object too",
+                ))
+        elif code == "NoSuchBucket":
+            return SourceUnavailable(f"bucket {self.bucket} does not exist; create it or fix the s3:// URI")
+        elif code in ("403", "AccessDenied"):
+            return SourceUnavailable(f"access denied reading {where}; grant s3:GetObject and s3:ListBucket on it")
+        return SourceUnavailable(f"S3 error {code} reading {where}: {exc}")
+
+    def _error_code_of_get(self, key: str) -> str | None:
+        """The error code a one-byte GetObject of ``key`` answers (NoSuchKey, NoSuchBucket, AccessDenied,
+        InvalidAccessKeyId...), to say why a HeadObject failed; None if it succeeds or cannot tell."""
+        from botocore.exceptions import ClientError
+
+        try:
+            self._client.get_object(Bucket=self.bucket, Key=key, Range="bytes=0-0")["Body"].close()
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            return code if code and code != "InvalidRange" else None  # InvalidRange: an empty object, readable
+        except self._errors():
+            return None
+        return None
 
     @staticmethod
     def _errors() -> tuple[type[Exception], ...]:

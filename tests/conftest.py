@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
@@ -65,20 +66,19 @@ class MotoServer:
     startup_seconds: float
 
 
-@pytest.fixture(scope="session")
-def moto_server() -> Iterator[MotoServer]:
-    """A real moto S3 server over HTTP on 127.0.0.1 (moto_server from the venv)."""
+@contextlib.contextmanager
+def running_moto_server() -> Iterator[str]:
+    """A real moto S3 server over HTTP on 127.0.0.1 (moto_server from the venv): its URL."""
     exe = Path(sys.executable).parent / "moto_server"
     if not exe.exists():
         pytest.skip("moto_server not installed; pip install 'moto[server]'")
     from serving.triton.base import free_ports
 
     port = free_ports(1)[0]
-    start = time.perf_counter()
     proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = start + 30
+        deadline = time.perf_counter() + 30
         while True:
             try:
                 urllib.request.urlopen(f"{url}/moto-api/", timeout=1).close()
@@ -87,7 +87,7 @@ def moto_server() -> Iterator[MotoServer]:
                 if proc.poll() is not None or time.perf_counter() > deadline:
                     pytest.fail(f"moto_server did not start on port {port} (exit code {proc.poll()})")
                 time.sleep(0.05)
-        yield MotoServer(url, time.perf_counter() - start)
+        yield url
     finally:
         proc.terminate()
         try:
@@ -95,6 +95,14 @@ def moto_server() -> Iterator[MotoServer]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[MotoServer]:
+    """A real moto S3 server over HTTP on 127.0.0.1, shared by the session."""
+    start = time.perf_counter()
+    with running_moto_server() as url:
+        yield MotoServer(url, time.perf_counter() - start)
 
 
 @pytest.fixture

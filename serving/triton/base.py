@@ -1,9 +1,10 @@
 """The Triton server interface the local MME serves through, and its shared machinery.
 
-A :class:`TritonServer` runs one ``tritonserver`` in SageMaker multi-model mode
-(``--allow-sagemaker=true --model-control-mode=explicit`` with ``SAGEMAKER_MULTI_MODEL=true``)
-over an empty model repository: models come and go through ``POST /models`` and
-``DELETE /models/NAME`` on the SageMaker port, as SageMaker's front end drives them.
+A :class:`TritonServer` runs one ``tritonserver`` the way SageMaker's Triton image starts it
+in multi-model mode (its ``serve`` script: :mod:`serving.triton.sagemaker_serve`, honouring the
+same ``SAGEMAKER_TRITON_*`` variables) over an empty model repository: models come and go
+through ``POST /models`` and ``DELETE /models/NAME`` on the SageMaker port, as SageMaker's
+front end drives them.
 
 Subclasses say how the process is launched (:meth:`TritonServer.command` and
 :meth:`TritonServer._environment`); this module starts it in its own process group, waits
@@ -15,6 +16,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -31,6 +33,16 @@ from typing import Mapping, Sequence
 import psutil
 
 from mme.errors import MmeError
+from serving.triton.sagemaker_serve import (
+    config_arguments,
+    drop_unsupported,
+    dropped_flags,
+    sagemaker_environment,
+    script_gpu_count,
+    serve_arguments,
+    server_environment,
+    supported_flags,
+)
 
 DEFAULT_SAGEMAKER_PORT = 8080
 INSTANCE_ENV = "MME_TRITON_INSTANCE"  # marks the processes of one TritonServer object
@@ -38,6 +50,7 @@ INSTANCE_ENV = "MME_TRITON_INSTANCE"  # marks the processes of one TritonServer 
 # url outside it (src/sagemaker_server.cc: model_path_regex_).
 SAGEMAKER_MODEL_ROOT = PurePosixPath("/opt/ml/models")
 SAGEMAKER_ROOT_REQUIRED_SINCE = (2, 70)
+_ERROR_LINE = re.compile(r"[EF]\d{4} ")  # Triton's error/fatal log lines: E1203 08:11:13.24 ...
 
 
 class TritonServerError(MmeError):
@@ -62,17 +75,24 @@ def parse_version(text: str | None) -> tuple[int, ...] | None:
 
 @dataclass(frozen=True)
 class TritonServerConfig:
-    """How to run one Triton server. Port 0 means: pick a free port at start()."""
+    """How to run one Triton server. Port 0 means: pick a free port at start().
+
+    The server is started as SageMaker's ``serve`` script starts it; ``sagemaker_env`` holds
+    its ``SAGEMAKER_TRITON_*`` settings (and any other variable for the server's environment).
+    A gRPC or metrics port given here becomes ``SAGEMAKER_TRITON_ALLOW_GRPC``/``_GRPC_PORT``
+    (``_ALLOW_METRICS``/``_METRICS_PORT``) unless ``sagemaker_env`` or ``env`` sets them.
+    """
 
     sagemaker_port: int = DEFAULT_SAGEMAKER_PORT  # the MME contract (SAGEMAKER_BIND_TO_PORT)
-    http_port: int = 0  # Triton's own KServe v2 HTTP API
-    grpc_port: int | None = 0  # None: gRPC off
-    metrics_port: int | None = 0  # None: Prometheus metrics off
+    http_port: int | None = 0  # Triton's own KServe v2 HTTP API; None: off, as in SageMaker's image
+    grpc_port: int | None = 0  # None: gRPC off (unless SAGEMAKER_TRITON_ALLOW_GRPC says otherwise)
+    metrics_port: int | None = 0  # None: Prometheus metrics off (unless SAGEMAKER_TRITON_ALLOW_METRICS)
     host: str = "127.0.0.1"  # Triton 2.51's SageMaker service ignores it and binds 0.0.0.0
     log_dir: Path | None = None  # None: a temporary directory removed by stop()
-    log_verbose: int = 0
+    log_verbose: int | None = None  # None: serve's (SAGEMAKER_TRITON_LOG_VERBOSE, default true)
     env: Mapping[str, str] = field(default_factory=dict, hash=False)  # extra environment
-    extra_args: tuple[str, ...] = ()
+    sagemaker_env: Mapping[str, str] = field(default_factory=dict, hash=False)  # SAGEMAKER_TRITON_* etc.
+    extra_args: tuple[str, ...] = ()  # after everything, SAGEMAKER_TRITON_ADDITIONAL_ARGS included
     startup_timeout_s: float = 60.0
     stop_grace_s: float = 10.0  # SIGTERM, then SIGKILL after this long
 
@@ -114,45 +134,24 @@ def resolve_ports(config: TritonServerConfig) -> TritonServerConfig:
     )
 
 
-def port_arguments(config: TritonServerConfig, bind_host: str) -> list[str]:
-    """tritonserver flags for the (resolved) ports of ``config``."""
-    args = [
-        "--allow-sagemaker=true",
-        f"--sagemaker-port={config.sagemaker_port}",
-        "--allow-http=true",
-        f"--http-address={bind_host}",
-        f"--http-port={config.http_port}",
-    ]
-    if config.grpc_port is None:
-        args.append("--allow-grpc=false")
-    else:
-        args += ["--allow-grpc=true", f"--grpc-address={bind_host}", f"--grpc-port={config.grpc_port}"]
-    if config.metrics_port is None:
-        args.append("--allow-metrics=false")
-    else:
-        args += ["--allow-metrics=true", f"--metrics-address={bind_host}", f"--metrics-port={config.metrics_port}"]
-    return args
-
-
-def sagemaker_environment(config: TritonServerConfig) -> dict[str, str]:
-    return {"SAGEMAKER_MULTI_MODEL": "true", "SAGEMAKER_BIND_TO_PORT": str(config.sagemaker_port)}
-
-
 def log_tail(path: Path, lines: int = 6, max_chars: int = 1500) -> str:
-    """The last non-empty lines of a log as one line (`` | `` between lines)."""
+    """The last non-empty lines of a log as one line (`` | `` between lines), after the last
+    two error lines when they come earlier (serve's ``--log-verbose=true`` buries them)."""
     try:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - 64 * 1024))
+            fh.seek(max(0, fh.tell() - 256 * 1024))
             text = fh.read().decode("utf-8", errors="replace")
     except FileNotFoundError:
         return "(no log written)"
     # Whitespace collapsed (Triton pads its tables to ~250 columns), table borders dropped.
     squeezed = (" ".join(line.split()) for line in text.splitlines())
-    kept = [line for line in squeezed if line and not line.startswith("+-")][-lines:]
-    joined = " | ".join(kept) or "(log is empty)"
-    return joined[-max_chars:]
+    kept = [line for line in squeezed if line and not line.startswith("+-")]
+    tail = kept[-lines:]
+    errors = [line for line in kept[:-lines] if _ERROR_LINE.match(line)][-2:]
+    shown = [*errors, "...", *tail] if errors else tail
+    width = max(80, max_chars // max(1, len(shown)))
+    return " | ".join(line[:width] for line in shown) or "(log is empty)"
 
 
 def ping_status(url: str, timeout_s: float = 2.0) -> int | None:
@@ -197,18 +196,46 @@ class TritonServer(abc.ABC):
         self._known_children: dict[int, psutil.Process] = {}
         self.instance_id = uuid.uuid4().hex  # in the environment of every process it starts
         self.startup_s: float | None = None
+        # One-line messages for the user about how this server differs from SageMaker's
+        # (filled by the first start(), not repeated on restarts); the caller prints them.
+        self.notices: list[str] = []
+        self._notices_done = False
+        self._dropped: list[str] = []  # serve arguments this tritonserver lacks (last command())
 
     # -- what subclasses provide --------------------------------------------------------
     @abc.abstractmethod
     def command(self, model_repository: Path) -> list[str]:
         """The argv that runs the server for ``self.config`` (ports resolved by start())."""
 
-    def _environment(self) -> dict[str, str]:
-        """Environment of the launched process."""
+    def _serve_environment(self) -> dict[str, str]:
+        """The environment SageMaker's serve script would run in: this process's, ``config.env``,
+        then the SAGEMAKER_* settings (:func:`sagemaker_environment`)."""
         env = dict(os.environ)
-        env.update(sagemaker_environment(self.config))
         env.update(self.config.env)
+        env.update(sagemaker_environment(self.config))
         return env
+
+    def _environment(self) -> dict[str, str]:
+        """Environment of the launched process: what tritonserver gets from serve (its ping-mode quirk)."""
+        return server_environment(self._serve_environment())
+
+    def _ported_command(self, binary: Path, model_repository: Path, kind_args: Sequence[str],
+                        bind_host: str | None) -> list[str]:
+        """``binary`` with the argv of serve's Python port, less the flags ``binary --help`` does not
+        list (remembered for :attr:`notices`)."""
+        env = self._serve_environment()
+        args = serve_arguments(env, model_repository=str(model_repository), gpu_count=script_gpu_count(env),
+                               extra=[*config_arguments(self.config, bind_host), *kind_args])
+        kept, self._dropped = drop_unsupported(args, supported_flags(binary, self._environment()))
+        return [str(binary), *kept, *self.config.extra_args]
+
+    def binary_label(self) -> str:
+        """How notices name this server's tritonserver."""
+        return "this tritonserver"
+
+    def _startup_notices(self) -> list[str]:
+        return [f"{self.binary_label()} lacks {flag}; started without it (SageMaker's image would pass it)"
+                for flag in dropped_flags(self._dropped)]
 
     def _before_start(self) -> None:
         """Checks and preparation that can fail with a clear MmeError."""
@@ -241,6 +268,12 @@ class TritonServer(abc.ABC):
 
     @property
     def kserve_url(self) -> str:
+        """Triton's own HTTP (KServe v2) endpoint; TritonServerError when it is off."""
+        if self.config.http_port is None:
+            raise TritonServerError(
+                f"{self.name} runs without Triton's HTTP/KServe endpoint (http_port=None, as SageMaker's image); "
+                "use sagemaker_url, or create it with TritonServerConfig(http_port=0)"
+            )
         return f"http://{self.config.host}:{self.config.http_port}"
 
     @property
@@ -265,12 +298,17 @@ class TritonServer(abc.ABC):
         repository.mkdir(exist_ok=True)
         log_path = self.log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        argv = self.command(repository)
+        env = {**self._environment(), INSTANCE_ENV: self.instance_id}
+        if not self._notices_done:
+            self.notices.extend(self._startup_notices())
+            self._notices_done = True
         self._log_handle = open(log_path, "ab")
         started = time.monotonic()
         try:
             self._proc = subprocess.Popen(
-                self.command(repository),
-                env={**self._environment(), INSTANCE_ENV: self.instance_id},
+                argv,
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=self._log_handle,
                 stderr=subprocess.STDOUT,
@@ -279,7 +317,7 @@ class TritonServer(abc.ABC):
             )
         except OSError as exc:
             self._close_log()
-            program = self.command(repository)[0]
+            program = argv[0]
             raise TritonStartupError(f"cannot run {program}: {exc.strerror}; check the installation") from None
         try:
             self._wait_until_healthy(started)

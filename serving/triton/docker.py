@@ -4,13 +4,20 @@ in SageMaker multi-model mode, the way SageMaker runs its Triton image.
 The model cache (``model_root``, holding ``<hash>/model`` per target) is mounted read-only
 at ``/opt/ml/models``, where SageMaker puts it, so every load url has the form Triton 2.70+
 requires (``/opt/ml/models/<hash>/model``); :meth:`DockerTritonServer.model_url` maps a
-host directory to that path. The container's empty model repository is mounted from the
-host too.
+host directory to that path.
+
+The container runs as SageMaker runs it: when the image carries the label
+``com.amazonaws.sagemaker.capabilities.multi-models=true`` (NVIDIA's SageMaker build, with
+``/usr/bin/serve``), its command is ``serve`` with the settings as ``-e`` variables and our
+flags in ``SAGEMAKER_TRITON_ADDITIONAL_ARGS``; otherwise ``tritonserver`` with the argv of
+serve's Python port (:mod:`serving.triton.sagemaker_serve`) over an empty model repository
+mounted from the host.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -27,7 +34,17 @@ from serving.triton.base import (
     TritonServerConfig,
     TritonServerError,
     alive,
-    port_arguments,
+)
+from serving.triton.sagemaker_serve import (
+    ADDITIONAL_ARGS,
+    GPU_LIMIT,
+    MULTI_MODEL_LABEL,
+    additional_args,
+    config_arguments,
+    nvidia_smi_line_count,
+    sagemaker_environment,
+    serve_arguments,
+    server_environment,
 )
 
 CONTAINER_REPOSITORY = "/opt/mme/model-repository"
@@ -60,6 +77,18 @@ def docker_engine_problem(docker: str = "docker", timeout_s: float = 15.0) -> st
     return None
 
 
+def image_labels(docker: str, image: str, timeout_s: float = 60.0) -> dict[str, str] | None:
+    """The image's labels (``docker image inspect``), or None when it cannot be inspected."""
+    try:
+        done = subprocess.run([docker, "image", "inspect", image], capture_output=True, text=True,
+                              timeout=timeout_s, check=False)
+        if done.returncode == 0:
+            return dict(json.loads(done.stdout)[0].get("Config", {}).get("Labels") or {})
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError, AttributeError):
+        pass
+    return None
+
+
 class DockerTritonServer(TritonServer):
     """tritonserver inside ``image`` (default: the release's NGC Triton container)."""
 
@@ -73,8 +102,13 @@ class DockerTritonServer(TritonServer):
         gpus: str | None = "all",
         docker: str = "docker",
         container_name: str | None = None,
+        sagemaker_serve: bool | None = None,
     ) -> None:
+        """``sagemaker_serve``: run the image's ``serve`` (True) or ``tritonserver`` (False);
+        None: ``serve`` when the image carries the SageMaker multi-model label."""
         super().__init__(config)
+        self.requested_sagemaker_serve = sagemaker_serve
+        self._image_serves: bool | None = None
         self.image = image or release().triton_container
         self.model_root = Path(model_root).resolve() if model_root is not None else None
         self.shm_size = shm_size
@@ -89,16 +123,29 @@ class DockerTritonServer(TritonServer):
                 f"cannot run Triton in Docker: {problem}; install Docker and the NVIDIA Container Toolkit "
                 "and start the engine, or use the local server (kind='local')"
             )
-        inspect = subprocess.run(
-            [self.docker, "image", "inspect", self.image], capture_output=True, text=True, timeout=60, check=False
-        )
-        if inspect.returncode != 0:
+        labels = image_labels(self.docker, self.image)
+        if labels is None:
             raise DockerUnavailableError(
                 f"the image {self.image} is not present on this host; pull it first: docker pull {self.image}"
             )
+        self._image_serves = labels.get(MULTI_MODEL_LABEL) == "true"
+
+    def runs_serve(self) -> bool:
+        """Whether the container's command is the image's SageMaker ``serve`` script."""
+        if self.requested_sagemaker_serve is not None:
+            return self.requested_sagemaker_serve
+        if self._image_serves is None:  # command() before start(): look now
+            self._image_serves = (image_labels(self.docker, self.image) or {}).get(MULTI_MODEL_LABEL) == "true"
+        return self._image_serves
+
+    def container_environment(self) -> dict[str, str]:
+        """The variables given to the container (``-e``): ``config.env``, then serve's settings
+        (the config's gRPC/metrics ports as SAGEMAKER_TRITON_* unless the user set them)."""
+        return {**self.config.env, **sagemaker_environment(self.config)}
 
     def command(self, model_repository: Path) -> list[str]:
         config = self.config
+        serve = self.runs_serve()
         ports = [p for p in (config.sagemaker_port, config.http_port, config.grpc_port, config.metrics_port) if p]
         argv = [self.docker, "run", "--rm", "--name", self.container_name]
         if self.gpus:
@@ -106,22 +153,30 @@ class DockerTritonServer(TritonServer):
         argv += ["--shm-size", self.shm_size, "--ulimit", "memlock=-1", "--ulimit", "stack=67108864"]
         for port in ports:  # same number inside and out; published on the configured host only
             argv += ["-p", f"{config.host}:{port}:{port}"]
-        argv += ["-e", "SAGEMAKER_MULTI_MODEL=true", "-e", f"SAGEMAKER_BIND_TO_PORT={config.sagemaker_port}"]
-        for key, value in sorted(config.env.items()):
+        env = self.container_environment()
+        ours = config_arguments(config, "0.0.0.0")  # inside the container; -p limits exposure
+        if serve:
+            value = additional_args(env, ours, config.extra_args)
+            env = {k: v for k, v in env.items() if k != ADDITIONAL_ARGS} | ({ADDITIONAL_ARGS: value} if value else {})
+        else:
+            env = server_environment(env)  # what tritonserver would get from serve
+        for key, value in env.items():
             argv += ["-e", f"{key}={value}"]
-        argv += ["-v", f"{model_repository}:{CONTAINER_REPOSITORY}:ro"]
+        if not serve:
+            argv += ["-v", f"{model_repository}:{CONTAINER_REPOSITORY}:ro"]
         if self.model_root is not None:
             argv += ["-v", f"{self.model_root}:{SAGEMAKER_MODEL_ROOT}:ro"]
-        argv += [
-            self.image,
-            "tritonserver",
-            f"--model-repository={CONTAINER_REPOSITORY}",
-            "--model-control-mode=explicit",
-            *port_arguments(config, bind_host="0.0.0.0"),  # inside the container; -p limits exposure
-            f"--log-verbose={config.log_verbose}",
-            *config.extra_args,
-        ]
-        return argv
+        if serve:
+            return [*argv, self.image, "serve"]
+        gpu_count = nvidia_smi_line_count() if self.gpus and env.get(GPU_LIMIT) else 0
+        args = serve_arguments(env, model_repository=CONTAINER_REPOSITORY, gpu_count=gpu_count, extra=ours)
+        return [*argv, self.image, "tritonserver", *args, *config.extra_args]
+
+    def _startup_notices(self) -> list[str]:
+        if self.runs_serve():
+            return []
+        return [f"{self.image} has no SageMaker serve script (no LABEL {MULTI_MODEL_LABEL}=true); "
+                "started tritonserver with the arguments serve would give it"]
 
     def _environment(self) -> dict[str, str]:
         return dict(os.environ)  # the server's variables go to the container with -e

@@ -8,6 +8,10 @@ directory is read-only, into a copy of ``backends/`` under the user's cache dire
 The stub embeds the system ``libpython<major.minor>`` and ignores PYTHONPATH: it finds this
 environment's packages (numpy, onnxruntime) only when this environment's ``bin/`` comes
 first on PATH, which :class:`LocalTritonServer` arranges.
+
+It is started with the arguments of SageMaker's ``serve`` script (its Python port,
+:mod:`serving.triton.sagemaker_serve`), less the flags this Triton 2.51 lacks (each one
+reported once in :attr:`TritonServer.notices`).
 """
 
 from __future__ import annotations
@@ -23,11 +27,14 @@ import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
-from serving.triton.base import TritonServer, TritonServerConfig, TritonServerError, port_arguments
+from serving.triton.base import TritonServer, TritonServerConfig, TritonServerError
 
 STUB_NAME = "triton_python_backend_stub"
 INSTALL_HINT = "install it with: pip install nvidia-pytriton==0.7.0 (Linux x86_64/aarch64 only)"
+# The Triton release each nvidia-pytriton wheel bundles (its server_version at startup).
+WHEEL_TRITON = MappingProxyType({"0.7.0": "2.51"})
 
 
 class TritonNotInstalledError(TritonServerError):
@@ -177,21 +184,24 @@ class LocalTritonServer(TritonServer):
         check_libpython()
 
     def command(self, model_repository: Path) -> list[str]:
-        config = self.config
-        return [
-            str(self._dist.binary),
-            f"--model-repository={model_repository}",
-            "--model-control-mode=explicit",
-            *port_arguments(config, bind_host=config.host),
+        """serve's argv for the wheel's tritonserver (flags it lacks dropped), then the wheel's
+        backends and caches and this server's shared-memory prefix."""
+        if self._dist is None:  # command() before start(): resolve now, same rules
+            self._before_start()
+        kind_args = [
             f"--backend-directory={self._backends}",
             f"--cache-directory={self._dist.caches}",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
-            f"--log-verbose={config.log_verbose}",
-            *config.extra_args,
         ]
+        return self._ported_command(self._dist.binary, model_repository, kind_args, bind_host=self.config.host)
 
-    def _environment(self) -> dict[str, str]:
-        env = super()._environment()
+    def binary_label(self) -> str:
+        version = wheel_version()
+        triton = WHEEL_TRITON.get(version)
+        return f"tritonserver {triton} (nvidia-pytriton {version})" if triton else f"tritonserver of nvidia-pytriton {version}"
+
+    def _serve_environment(self) -> dict[str, str]:
+        env = super()._serve_environment()
         libs = [str(p) for p in self._dist.library_path()]
         if env.get("LD_LIBRARY_PATH"):
             libs.append(env["LD_LIBRARY_PATH"])

@@ -25,7 +25,7 @@ def local_endpoint(test_resnet_cpu_local):
     artifact_dir, _ = test_resnet_cpu_local
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "mme", "-q", "serve", "--models", str(artifact_dir), "--port",
-                                str(port), "--server", "local", "--copies", "3"], cwd=ROOT, env=bench_env(),
+                                str(port), "--server", "local", "--copies", "3", "--allow-unsigned"], cwd=ROOT, env=bench_env(),
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + STARTUP_TIMEOUT_S

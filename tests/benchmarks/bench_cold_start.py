@@ -21,13 +21,14 @@ import boto3
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.benchmarks.bench_front import free_port, wait_for  # noqa: E402
+from tests.benchmarks.bench_front import free_port, tree_environment, wait_for  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("artifact", nargs="?", type=Path, default=Path("artifacts/resnet50/cpu-local"))
     parser.add_argument("--out", type=Path, default=Path("results"))
+    parser.add_argument("--tree", type=Path, help="run the mme of this checkout (e.g. a worktree of an older commit)")
     args = parser.parse_args(argv)
     manifest_path = args.artifact / "manifest.json"
     if not manifest_path.is_file():
@@ -35,8 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     manifest = json.loads(manifest_path.read_text())
     body = (args.artifact / manifest["sample_request"]["json_file"]).read_bytes()
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "mme", "-q", "serve", "--models", str(args.artifact),
-                               "--port", str(port), "--server", "local", "--copies", "2"])
+    server = subprocess.Popen([sys.executable, "-m", "mme", "-q", "serve", "--models", str(args.artifact.resolve()),
+                               "--port", str(port), "--server", "local", "--copies", "2"],
+                              **tree_environment(args.tree))
     try:
         url = f"http://127.0.0.1:{port}"
         wait_for(f"{url}/ping", server)

@@ -32,19 +32,48 @@ def fake_install(root: Path, executable: bool = True) -> Path:
     return binary
 
 
-def test_command_runs_the_system_binary_in_sagemaker_multi_model_mode(tmp_path):
+SERVE = Path(__file__).resolve().parents[1] / "serving" / "data" / "sagemaker_serve"
+
+
+def test_command_runs_the_system_binary_in_sagemaker_multi_model_mode(tmp_path, monkeypatch):
+    """Without a serve script in the image: the binary with serve's arguments (its Python port)."""
+    monkeypatch.setattr("serving.triton.system.find_serve_script", lambda *a: None)
     binary = fake_install(tmp_path / "opt" / "tritonserver")
     server = SystemTritonServer(CONFIG, binary=binary)
     argv = server.command(Path("/tmp/repo"))
     assert argv[0] == str(binary)
-    for flag in ("--model-repository=/tmp/repo", "--model-control-mode=explicit", "--allow-sagemaker=true",
+    assert argv[1:4] == ["--allow-sagemaker=true", "--allow-http=false", "--model-control-mode=explicit"]
+    for flag in ("--model-repository=/tmp/repo", "--model-namespacing=true", "--allow-http=true",
                  "--sagemaker-port=8080", "--http-port=8000", "--grpc-port=8001", "--metrics-port=8002",
+                 "--allow-grpc=true", "--allow-metrics=true", "--log-verbose=true",
                  f"--backend-directory={(tmp_path / 'opt' / 'tritonserver' / 'backends').resolve()}",
                  f"--backend-config=python,shm-region-prefix-name={server.shm_prefix}"):
         assert flag in argv
     env = server._environment()
     assert env["SAGEMAKER_MULTI_MODEL"] == "true" and env["SAGEMAKER_BIND_TO_PORT"] == "8080"
     assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.prefix) / "bin")
+
+
+def test_with_a_serve_script_bash_runs_it_with_our_flags_in_additional_args(tmp_path):
+    """SageMaker's serve (tests/serving/data/sagemaker_serve, docker/sagemaker/serve @ e1db8a603)."""
+    binary = fake_install(tmp_path / "opt" / "tritonserver")
+    config = TritonServerConfig(sagemaker_port=8080, http_port=None, grpc_port=None, metrics_port=None,
+                                sagemaker_env={"SAGEMAKER_TRITON_ADDITIONAL_ARGS": "--exit-timeout-secs=5"})
+    server = SystemTritonServer(config, binary=binary, serve_script=SERVE)
+    try:
+        assert server.command(Path("/tmp/repo")) == ["bash", str(SERVE)]
+        env = server._environment()
+        assert env["SAGEMAKER_TRITON_ADDITIONAL_ARGS"].split() == [  # the user's come last
+            f"--backend-directory={(tmp_path / 'opt' / 'tritonserver' / 'backends').resolve()}",
+            f"--backend-config=python,shm-region-prefix-name={server.shm_prefix}", "--exit-timeout-secs=5"]
+        assert "SAGEMAKER_TRITON_PING_MODE" not in env  # the script sets it, as in SageMaker
+        first = Path(env["PATH"].split(os.pathsep)[0])
+        assert (first / "tritonserver").resolve() == binary.resolve()  # the script finds our binary
+    finally:
+        server.stop()
+    assert not first.exists()
+    with pytest.raises(SystemTritonNotFoundError, match="not SageMaker's Triton serve script"):
+        SystemTritonServer(config, binary=binary, serve_script=binary).start()
 
 
 def test_binary_search_order(tmp_path, monkeypatch):

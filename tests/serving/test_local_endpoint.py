@@ -93,10 +93,17 @@ def test_unknown_target_and_missing_target(endpoint, packaged_test_resnet):
 
 
 def test_payload_over_the_real_time_limit(endpoint):
+    """SageMaker answers 413 (aws/sagemaker-python-sdk#171); exactly the limit is accepted."""
+    from botocore.exceptions import ClientError
+
     sm = client(endpoint.url)
-    with pytest.raises(sm.exceptions.ValidationError, match="exceeds the limit of 6291456 bytes"):
+    with pytest.raises(ClientError, match="HTTP content length exceeded 6291456 bytes") as info:
         sm.invoke_endpoint(EndpointName="local", TargetModel="test_resnet-v1.tar.gz",
                            ContentType="application/json", Body=b"x" * (6_291_456 + 1))
+    assert info.value.response["Error"]["Code"] == "413"
+    with pytest.raises(sm.exceptions.ModelError):  # at the limit: reaches the model, which refuses it
+        sm.invoke_endpoint(EndpointName="local", TargetModel="test_resnet-v1.tar.gz",
+                           ContentType="application/json", Body=b"x" * 6_291_456)
 
 
 def test_corrupt_tarball_is_refused_without_poisoning_anything(endpoint, packaged_test_resnet):

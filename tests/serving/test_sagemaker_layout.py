@@ -14,12 +14,12 @@ answers ModelError, as SageMaker would, and says why on its console."""
 from __future__ import annotations
 
 import io
+import re
 import shutil
 
 import boto3
 import numpy as np
 import pytest
-import requests
 
 from mme.progress import Reporter
 from serving.cache import cache_key
@@ -60,10 +60,28 @@ def test_a_target_with_slash_plus_and_space_is_served_through_boto3(endpoint, pa
         assert logits.shape == (1, 1000) and np.isfinite(logits).all()
 
 
-def ready_models(endpoint) -> dict[str, str]:
-    """Triton's own repository index (KServe port): model name -> state."""
-    index = requests.post(f"{endpoint.server.kserve_url}/v2/repository/index", json={}, timeout=10).json()
-    return {entry["name"]: entry.get("state", "") for entry in index}
+LOAD_EVENT = re.compile(r"successfully (loaded|unloaded) '(.*?)'")
+
+
+def loaded_by_triton(endpoint) -> set[str]:
+    """The names Triton has loaded and not unloaded since, from its log (SageMaker's image runs
+    it with HTTP, hence the KServe repository index, off). With model namespacing on (serve's
+    default) each reads ``<repository>::<name>``."""
+    names: set[str] = set()
+    for event, name in LOAD_EVENT.findall(endpoint.server.log_path.read_text(errors="replace")):
+        (names.add if event == "loaded" else names.discard)(name)
+    return names
+
+
+def sagemaker_models(endpoint) -> dict[str, dict]:
+    """``GET /models`` on the SageMaker port, keyed by the model hash; Triton lists an entry as an
+    empty object when no model is named after the hash (which is always, under the target header)."""
+    with ContainerClient(endpoint.server.sagemaker_url) as control:
+        raw = control.session.get(f"{endpoint.server.sagemaker_url}/models", timeout=10).json()["models"]
+        keys = [key for key in (cache_key(HARD_TARGET), cache_key(SPACE_TARGET))
+                if control.session.get(f"{endpoint.server.sagemaker_url}/models/{key}", timeout=10).status_code == 200]
+    assert len(raw) == len(keys), (raw, keys)
+    return {key: control.get_model(key) for key in keys}
 
 
 def test_the_container_holds_it_under_its_hash_loaded_from_root_hash_model(endpoint):
@@ -73,14 +91,14 @@ def test_the_container_holds_it_under_its_hash_loaded_from_root_hash_model(endpo
     assert [m["target"] for m in loaded] == [HARD_TARGET]
     assert loaded[0]["model_dir"] == str(endpoint.cache.root / key / "model")
     # Triton named the model after the header, and knows nothing under the hash.
-    states = ready_models(endpoint)
-    assert states.get(HARD_TARGET) == "READY", states
-    assert key not in states
+    names = loaded_by_triton(endpoint)
+    assert f"{loaded[0]['model_dir']}::{HARD_TARGET}" in names, names
+    assert not [name for name in names if name.endswith(f"::{key}")]
     # Its SageMaker port keys the model by the hash: one entry (listed empty, as Triton lists a
     # model whose hash is not a model name); a second load of the hash is a conflict.
+    listed = sagemaker_models(endpoint)
+    assert list(listed) == [key] and listed[key].url == loaded[0]["model_dir"]
     with ContainerClient(endpoint.server.sagemaker_url) as control:
-        raw = control.session.get(f"{endpoint.server.sagemaker_url}/models", timeout=10).json()["models"]
-        assert len(raw) == 1
         again = control.session.post(f"{endpoint.server.sagemaker_url}/models",
                                      json={"model_name": key, "url": loaded[0]["model_dir"]},
                                      headers={"X-Amzn-SageMaker-Target-Model": HARD_TARGET}, timeout=60)
@@ -92,16 +110,18 @@ def test_a_python_backend_target_with_a_space_fails_like_sagemakers_triton_and_s
     with pytest.raises(sm.exceptions.ModelError) as info:
         sm.invoke_endpoint(EndpointName="local", TargetModel=SPACE_TARGET, ContentType="application/json", Body=b"{}")
     assert info.value.response["OriginalStatusCode"] == 400
-    assert ready_models(endpoint).get(SPACE_TARGET) != "READY"
+    assert not [name for name in loaded_by_triton(endpoint) if name.endswith(f"::{SPACE_TARGET}")]
+    assert cache_key(SPACE_TARGET) not in sagemaker_models(endpoint)
     warning = [line for line in endpoint.test_log.getvalue().splitlines() if SPACE_TARGET in line and "WARNING" in line]
     assert warning and "space" in warning[0] and "25.08" in warning[0], endpoint.test_log.getvalue()
 
 
 def test_unload_with_the_header_unloads_it_and_a_new_request_loads_it_again(endpoint, packaged_test_resnet):
     assert endpoint.call(endpoint.endpoint.unload(HARD_TARGET)) is True
-    with ContainerClient(endpoint.server.sagemaker_url) as control:
-        assert cache_key(HARD_TARGET) not in {m.name for m in control.list_models()}
-    reply = requests.post(f"{endpoint.url}/endpoints/local/invocations",
-                          headers={"X-Amzn-SageMaker-Target-Model": HARD_TARGET, "Content-Type": "application/json"},
-                          data=packaged_test_resnet.sample("json"), timeout=60)
-    assert reply.status_code == 200, reply.text[:300]
+    key = cache_key(HARD_TARGET)
+    assert key not in sagemaker_models(endpoint)
+    assert not [name for name in loaded_by_triton(endpoint) if name.endswith(f"::{HARD_TARGET}")]
+    reply = runtime(endpoint.url).invoke_endpoint(EndpointName="local", TargetModel=HARD_TARGET,
+                                                  ContentType="application/json", Body=packaged_test_resnet.sample("json"))
+    assert reply["ResponseMetadata"]["HTTPStatusCode"] == 200
+    assert key in sagemaker_models(endpoint)

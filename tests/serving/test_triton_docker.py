@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import stat
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from mme.errors import MmeError
 from mme.versions import release
 from serving.triton.base import ModelRootError, TritonServerConfig
 from serving.triton.docker import CONTAINER_REPOSITORY, DockerTritonServer, DockerUnavailableError
+from serving.triton.sagemaker_serve import serve_arguments
 
 CONFIG = TritonServerConfig(sagemaker_port=8080, http_port=8000, grpc_port=8001, metrics_port=8002, env={"A": "b"})
 
@@ -26,9 +28,14 @@ def fake_docker(tmp_path: Path, script: str) -> str:
     return str(path)
 
 
+PORT_SETTINGS = {"SAGEMAKER_TRITON_ALLOW_GRPC=true", "SAGEMAKER_TRITON_GRPC_PORT=8001",
+                 "SAGEMAKER_TRITON_ALLOW_METRICS=true", "SAGEMAKER_TRITON_METRICS_PORT=8002"}
+
+
 def test_command_runs_triton_in_sagemaker_multi_model_mode(tmp_path):
+    """An image without SageMaker's serve script: tritonserver with the arguments serve would give it."""
     cache = tmp_path / "model-cache"
-    server = DockerTritonServer(CONFIG, model_root=cache, shm_size="4g", container_name="mme-t")
+    server = DockerTritonServer(CONFIG, model_root=cache, shm_size="4g", container_name="mme-t", sagemaker_serve=False)
     argv = server.command(Path("/host/repo"))
 
     image_at = argv.index(release().triton_container)
@@ -38,16 +45,53 @@ def test_command_runs_triton_in_sagemaker_multi_model_mode(tmp_path):
     assert option_values(docker_part, "--gpus") == ["all"]
     assert option_values(docker_part, "--shm-size") == ["4g"]
     assert option_values(docker_part, "-p") == [f"127.0.0.1:{p}:{p}" for p in (8080, 8000, 8001, 8002)]
-    assert set(option_values(docker_part, "-e")) == {"SAGEMAKER_MULTI_MODEL=true", "SAGEMAKER_BIND_TO_PORT=8080", "A=b"}
+    assert set(option_values(docker_part, "-e")) == {"SAGEMAKER_MULTI_MODEL=true", "SAGEMAKER_BIND_TO_PORT=8080", "A=b",
+                                                     *PORT_SETTINGS}
     resolved = cache.resolve()
     # The model cache is where SageMaker puts models, so Triton 2.70+ accepts every load url.
     assert option_values(docker_part, "-v") == [f"/host/repo:{CONTAINER_REPOSITORY}:ro", f"{resolved}:/opt/ml/models:ro"]
 
     assert triton_part[0] == "tritonserver"
+    settings = dict(e.split("=", 1) for e in option_values(docker_part, "-e"))
+    ours = ["--allow-http=true", "--http-port=8000", "--http-address=0.0.0.0", "--grpc-address=0.0.0.0",
+            "--metrics-address=0.0.0.0"]
+    assert triton_part[1:] == serve_arguments(settings, model_repository=CONTAINER_REPOSITORY, extra=ours)
     for flag in ("--allow-sagemaker=true", "--model-control-mode=explicit", "--sagemaker-port=8080",
-                 f"--model-repository={CONTAINER_REPOSITORY}", "--http-port=8000", "--http-address=0.0.0.0"):
+                 "--allow-grpc=true", "--grpc-port=8001", "--metrics-port=8002", "--model-namespacing=true"):
         assert flag in triton_part
     assert server.sagemaker_url == "http://127.0.0.1:8080"
+
+
+def test_a_sagemaker_image_runs_its_serve_script_with_the_settings(tmp_path):
+    """Images built with the SageMaker endpoint (build.py: LABEL ...multi-models=true, /usr/bin/serve)."""
+    config = TritonServerConfig(sagemaker_port=8080, http_port=None, grpc_port=None, metrics_port=None,
+                                log_verbose=1, extra_args=("--id=x",),
+                                sagemaker_env={"SAGEMAKER_TRITON_ADDITIONAL_ARGS": "--exit-timeout-secs=5",
+                                               "SAGEMAKER_TRITON_ALLOW_GRPC": "true"})
+    argv = DockerTritonServer(config, model_root=tmp_path, sagemaker_serve=True).command(Path("/host/repo"))
+    assert argv[-2:] == [release().triton_container, "serve"]
+    assert option_values(argv, "-p") == ["127.0.0.1:8080:8080"]
+    assert dict(e.split("=", 1) for e in option_values(argv, "-e")) == {
+        "SAGEMAKER_MULTI_MODEL": "true", "SAGEMAKER_BIND_TO_PORT": "8080", "SAGEMAKER_TRITON_ALLOW_GRPC": "true",
+        "SAGEMAKER_TRITON_ADDITIONAL_ARGS": "--log-verbose=1 --exit-timeout-secs=5 --id=x"}
+    assert option_values(argv, "-v") == [f"{tmp_path.resolve()}:/opt/ml/models:ro"]  # serve uses /tmp/sagemaker
+
+
+def test_the_label_decides_at_start(tmp_path):
+    labels = {"com.amazonaws.sagemaker.capabilities.multi-models": "true"}
+    inspect = json.dumps([{"Config": {"Labels": labels}}])
+    docker = fake_docker(tmp_path, f"""case "$1" in info) echo 28.0;; image) echo '{inspect}';; *) exit 1;; esac""")
+    server = DockerTritonServer(TritonServerConfig(sagemaker_port=8080), docker=docker)
+    server._before_start()
+    assert server.runs_serve() and server.command(Path("/r"))[-1] == "serve"
+    assert server._startup_notices() == []
+    plain = fake_docker(tmp_path, """case "$1" in info) echo 28.0;; image) echo '[{"Config": {"Labels": null}}]';; esac""")
+    server = DockerTritonServer(TritonServerConfig(sagemaker_port=8080), docker=plain, image="my/triton:1")
+    server._before_start()
+    assert not server.runs_serve() and "tritonserver" in server.command(Path("/r"))
+    assert server._startup_notices() == ["my/triton:1 has no SageMaker serve script (no LABEL "
+                                         "com.amazonaws.sagemaker.capabilities.multi-models=true); started "
+                                         "tritonserver with the arguments serve would give it"]
 
 
 def test_load_urls_are_the_container_paths_of_the_cache(tmp_path):

@@ -68,6 +68,19 @@ def test_ping(server, client):
     assert server.sagemaker_url != server.kserve_url
 
 
+def test_it_runs_with_the_arguments_of_sagemakers_serve_script(server, loaded):
+    """docker/sagemaker/serve @ e1db8a603 (triton-inference-server/server), MME defaults: the
+    python backend's shared memory starts at 16 MiB per model, as in SageMaker's image."""
+    argv = psutil.Process(server.pid).cmdline()
+    assert argv[1:4] == ["--allow-sagemaker=true", "--allow-http=false", "--model-control-mode=explicit"]
+    for flag in ("--model-namespacing=true", "--log-verbose=true", "--backend-config=python,shm-default-byte-size=16777216",
+                 "--backend-config=python,shm-growth-byte-size=1048576", "--allow-http=true"):
+        assert flag in argv
+    assert server.notices == []  # the wheel's 2.51 has every flag serve passes by default
+    regions = [p.stat().st_size for p in Path("/dev/shm").glob(f"{server.shm_prefix}*")]
+    assert 16 * MIB in regions, regions
+
+
 def test_duplicate_load_is_model_already_loaded(client, loaded, packaged_test_resnet, tmp_path):
     with pytest.raises(ModelAlreadyLoaded) as info:
         client.load(loaded, str(packaged_test_resnet.extract(tmp_path / "again")))

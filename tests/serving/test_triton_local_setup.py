@@ -113,3 +113,38 @@ def test_zero_ports_become_distinct_free_ports():
     assert all(p > 0 for p in ports) and len(set(ports)) == 3 and config.metrics_port is None
     assert len(set(free_ports(4))) == 4
     assert resolve_ports(TritonServerConfig(sagemaker_port=8080)).sagemaker_port == 8080
+
+
+def test_sagemaker_settings_reach_the_environment_and_config_ports_become_settings():
+    settings = {"SAGEMAKER_TRITON_LOG_INFO": "false", "OTHER": "x", "SAGEMAKER_TRITON_PING_MODE": "",
+                "SAGEMAKER_TRITON_ALLOW_METRICS": "false"}
+    server = LocalTritonServer(TritonServerConfig(sagemaker_port=18080, http_port=None, grpc_port=9001,
+                                                  metrics_port=9002, sagemaker_env=settings))
+    server._dist = find_distribution()
+    env = server._environment()
+    assert env["SAGEMAKER_TRITON_LOG_INFO"] == "false" and env["OTHER"] == "x"
+    assert env["SAGEMAKER_TRITON_ALLOW_GRPC"] == "true" and env["SAGEMAKER_TRITON_GRPC_PORT"] == "9001"
+    assert env["SAGEMAKER_TRITON_ALLOW_METRICS"] == "false"  # the user's setting wins over the config's port
+    assert env["SAGEMAKER_TRITON_PING_MODE"] == "live"  # exported, so serve's MME value reaches tritonserver
+    argv = server.command(Path("/tmp/repo"))
+    for flag in ("--allow-http=false", "--allow-grpc=true", "--grpc-port=9001", "--grpc-address=127.0.0.1",
+                 "--allow-metrics=false", "--log-info=false"):
+        assert flag in argv
+    assert not any(a.startswith("--http-port") for a in argv)
+
+
+def test_kserve_url_needs_http_on():
+    from serving.triton.base import TritonServerError
+
+    assert LocalTritonServer(TritonServerConfig(http_port=8000)).kserve_url == "http://127.0.0.1:8000"
+    with pytest.raises(TritonServerError, match="http_port=0") as info:
+        LocalTritonServer(TritonServerConfig(http_port=None)).kserve_url
+    assert "\n" not in str(info.value)
+
+
+def test_config_log_verbose_and_extra_args_come_after_serves():
+    server = LocalTritonServer(TritonServerConfig(sagemaker_port=18080, log_verbose=0, extra_args=("--id=x",),
+                                                  sagemaker_env={"SAGEMAKER_TRITON_ADDITIONAL_ARGS": "--id=y"}))
+    argv = server.command(Path("/tmp/repo"))
+    assert argv.index("--log-verbose=true") < argv.index("--log-verbose=0")  # Triton takes the last one
+    assert argv[-2:] == ["--id=y", "--id=x"]

@@ -5,8 +5,13 @@ from __future__ import annotations
 import gzip
 import io
 import tarfile
+import threading
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
+
+from serving.errors_sagemaker import HttpReply
 from serving.triton.base import free_ports
 
 CONFIG = 'backend: "python"\nmax_batch_size: 4\n'
@@ -68,3 +73,68 @@ def free_port() -> int:
 def tree(root: Path) -> list[str]:
     """Every path under root, relative, sorted (for 'nothing left behind' checks)."""
     return sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
+
+
+class ReplyHandler(BaseHTTPRequestHandler):
+    """Answers every POST with its server's ``reply``, recording (path, headers, body)."""
+
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # TCP_NODELAY: no 40 ms delayed-ACK stalls on keep-alive
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server naming)
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        server: ReplyServer = self.server  # type: ignore[assignment]
+        server.requests.append((self.path, dict(self.headers), body))
+        reply = server.reply
+        self.send_response(reply.status)
+        for name, value in reply.headers:
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(reply.body)))
+        self.end_headers()
+        self.wfile.write(reply.body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+class ReplyServer(ThreadingHTTPServer):
+    """A local HTTP server that sends one fixed reply (set ``reply``) to every request."""
+
+    daemon_threads = True
+
+    def __init__(self, reply: HttpReply | None = None) -> None:
+        super().__init__(("127.0.0.1", 0), ReplyHandler)
+        self.reply = reply
+        self.requests: list = []
+        self._thread = threading.Thread(target=self.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def __enter__(self) -> "ReplyServer":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+def invoke_with_reply(reply: HttpReply, target: str = "model.tar.gz") -> tuple[Any, Exception]:
+    """(client, exception): a real boto3 sagemaker-runtime client's InvokeEndpoint answered with
+    ``reply`` by a local HTTP server, one attempt, as it would parse SageMaker's answer."""
+    import boto3
+    from botocore.config import Config
+
+    with ReplyServer(reply) as server:
+        client = boto3.client(
+            "sagemaker-runtime", endpoint_url=server.url, region_name="us-east-1",
+            aws_access_key_id="testing", aws_secret_access_key="testing",
+            config=Config(retries={"mode": "standard", "total_max_attempts": 1}),
+        )
+        try:
+            client.invoke_endpoint(EndpointName="local", TargetModel=target, ContentType="application/json", Body=b"{}")
+        except Exception as exc:  # noqa: BLE001 (returned to the test)
+            return client, exc
+        raise AssertionError(f"InvokeEndpoint succeeded against a {reply.status} reply")

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterator
 
 import pytest
@@ -12,52 +10,21 @@ import pytest
 from serving import errors_sagemaker as sm
 from serving.extract import CorruptArtifact
 from serving.store import SourceUnavailable, TargetNotFound
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # TCP_NODELAY: no 40 ms delayed-ACK stalls on keep-alive
-
-    def do_POST(self) -> None:  # noqa: N802 (http.server naming)
-        length = int(self.headers.get("Content-Length", "0"))
-        body = self.rfile.read(length)
-        server: _Server = self.server  # type: ignore[assignment]
-        server.requests.append((self.path, dict(self.headers), body))
-        reply = server.reply
-        self.send_response(reply.status)
-        for name, value in reply.headers:
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(reply.body)))
-        self.end_headers()
-        self.wfile.write(reply.body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    reply: sm.HttpReply
-    requests: list
+from tests.serving_store.store_helpers import ReplyServer
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[_Server]:
-    srv = _Server(("127.0.0.1", 0), _Handler)
-    srv.requests = []
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+def server() -> Iterator[ReplyServer]:
+    with ReplyServer() as srv:
+        yield srv
 
 
-def _client(server: _Server, retries: int = 1, mode: str = "standard"):
+def _client(server: ReplyServer, retries: int = 1, mode: str = "standard"):
     import boto3
     from botocore.config import Config
 
     return boto3.client(
-        "sagemaker-runtime", endpoint_url=f"http://127.0.0.1:{server.server_address[1]}", region_name="us-east-1",
+        "sagemaker-runtime", endpoint_url=server.url, region_name="us-east-1",
         aws_access_key_id="testing", aws_secret_access_key="testing",
         config=Config(retries={"mode": mode, "total_max_attempts": retries}),
     )
@@ -87,7 +54,7 @@ def test_error_codes_come_from_botocores_service_model() -> None:
     ("ServiceUnavailable", lambda: sm.service_unavailable("The service is unavailable.")),
     ("InternalDependencyException", lambda: sm.internal_dependency("An internal dependency failed.")),
 ])
-def test_boto3_raises_the_modeled_exception(server: _Server, code: str, build) -> None:
+def test_boto3_raises_the_modeled_exception(server: ReplyServer, code: str, build) -> None:
     server.reply = reply = build()
     client = _client(server)
     with pytest.raises(getattr(client.exceptions, code)) as info:
@@ -103,7 +70,7 @@ def test_boto3_raises_the_modeled_exception(server: _Server, code: str, build) -
     assert headers["Authorization"].startswith("AWS4-HMAC-SHA256") and "/sagemaker/aws4_request" in headers["Authorization"]
 
 
-def test_model_error_carries_the_containers_status_and_message(server: _Server) -> None:
+def test_model_error_carries_the_containers_status_and_message(server: ReplyServer) -> None:
     server.reply = sm.model_error(400, '{"error":"unexpected input shape"}', endpoint_name="mme-local", account="123456789012")
     client = _client(server)
     with pytest.raises(client.exceptions.ModelError) as info:
@@ -121,7 +88,7 @@ def test_model_error_carries_the_containers_status_and_message(server: _Server) 
     assert info.value.response["OriginalStatusCode"] == 500
 
 
-def test_success_shape(server: _Server) -> None:
+def test_success_shape(server: ReplyServer) -> None:
     payload = b'{"model_name":"resnet50-v3.tar.gz","outputs":[]}'
     server.reply = sm.invocation_reply(payload, "application/json", custom_attributes="trace=1")
     response = _invoke(_client(server))
@@ -151,7 +118,7 @@ def test_serving_errors_map_to_their_replies() -> None:
     ("standard", {"InternalFailure", "ServiceUnavailable"}),
     ("legacy", {"InternalFailure", "ServiceUnavailable", "ModelNotReadyException"}),  # boto3's default mode
 ])
-def test_boto3_retries_some_errors_by_itself(server: _Server, mode: str, retried: set[str]) -> None:
+def test_boto3_retries_some_errors_by_itself(server: ReplyServer, mode: str, retried: set[str]) -> None:
     """What a load test must know: the client retries these, so the server sees more requests than calls."""
     client = _client(server, retries=2, mode=mode)
     seen = {}

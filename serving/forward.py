@@ -1,0 +1,101 @@
+"""Invocations from the front to the container: ``POST /models/<hash>/invoke`` with the target
+in ``X-Amzn-SageMaker-Target-Model``, under SageMaker's invocation timeout.
+
+Why there are two connection pools. Triton's SageMaker service runs ``POST /models`` (a
+load) synchronously on the HTTP worker thread of the connection that sent it
+(``src/sagemaker_server.cc``: ``SageMakerMMELoadModel`` calls ``TRITONSERVER_ServerLoadModel``
+and waits), and each connection is served by one worker thread for its lifetime. While a
+load runs, every other connection on that thread waits for it: measured with the wheel's
+Triton 2.51, warm requests on kept-alive connections stalled for the whole 5.4 s of another
+model's load (7 connections of 8), while requests on new connections were not held (one
+of about 2,600 was). So while any load is in flight, invocations go out on new connections,
+and one that has not answered after a few times its model's usual latency is sent again on
+another new connection (the first answer wins; the duplicate's work is wasted, which is
+cheaper than a request stuck behind a load). With no load in flight, invocations use kept-alive
+connections and are never duplicated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Callable, Mapping
+
+import aiohttp
+
+from serving.cache import cache_key
+from serving.container import TARGET_HEADER
+
+MIN_HEDGE_S = 0.05  # never send a second copy sooner than this
+HEDGE_FACTOR = 4.0  # ... or sooner than this many times the target's usual latency
+EWMA_WEIGHT = 0.2
+
+
+class InvocationTimedOut(Exception):
+    """The container did not answer within the invocation timeout."""
+
+
+Reply = tuple[int, Mapping[str, str], bytes]
+
+
+class Forwarder:
+    def __init__(self, base_url: str, timeout_s: float, *, loads_in_flight: Callable[[], int]) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._loads_in_flight = loads_in_flight
+        self._latency: dict[str, float] = {}  # EWMA of each target's answered invocations, seconds
+        self.hedged = 0  # second copies sent
+        no_timeout = aiohttp.ClientTimeout(total=None)
+        self._pooled = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=256, keepalive_timeout=60), timeout=no_timeout)
+        self._fresh = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, force_close=True), timeout=no_timeout)
+
+    async def close(self) -> None:
+        await self._pooled.close()
+        await self._fresh.close()
+
+    async def invoke(self, target: str, body: bytes, content_type: str, accept: str | None) -> Reply:
+        headers = {"Content-Type": content_type, TARGET_HEADER: target}
+        if accept:
+            headers["Accept"] = accept
+        url = f"{self.base_url}/models/{cache_key(target)}/invoke"
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                if self._loads_in_flight():
+                    reply = await self._hedged(target, url, body, headers)
+                else:
+                    reply = await self._post(self._pooled, url, body, headers)
+        except TimeoutError:
+            raise InvocationTimedOut(target) from None
+        seconds = loop.time() - started
+        previous = self._latency.get(target)
+        self._latency[target] = seconds if previous is None else previous + EWMA_WEIGHT * (seconds - previous)
+        return reply
+
+    @staticmethod
+    async def _post(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict) -> Reply:
+        async with session.post(url, data=body, headers=headers) as response:
+            return response.status, response.headers, await response.read()
+
+    async def _hedged(self, target: str, url: str, body: bytes, headers: dict) -> Reply:
+        pending = {asyncio.ensure_future(self._post(self._fresh, url, body, headers))}
+        hedge_after = max(MIN_HEDGE_S, HEDGE_FACTOR * self._latency.get(target, 0.0))
+        try:
+            done, pending = await asyncio.wait(pending, timeout=hedge_after)
+            if not done:
+                self.hedged += 1
+                pending.add(asyncio.ensure_future(self._post(self._fresh, url, body, headers)))
+            error: BaseException | None = None
+            while True:
+                for task in done:
+                    if task.exception() is None:
+                        return task.result()
+                    error = task.exception()
+                if not pending:
+                    raise error  # every copy failed: the last failure stands for them
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in pending:  # the slower copy, or every copy when the timeout struck
+                task.cancel()

@@ -1,0 +1,114 @@
+"""The front's forwarding to the container over real HTTP (an aiohttp server standing in for
+Triton's SageMaker port): the invocation timeout, and the second copy sent while a load is in
+flight (serving/forward.py says why: a Triton load holds every request on its HTTP thread)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiohttp import web
+
+from serving.cache import cache_key
+from serving.container import TARGET_HEADER
+from serving.forward import Forwarder, InvocationTimedOut
+
+
+class Container:
+    """Answers /models/<hash>/invoke; the first ``stall`` requests never answer, or fail with ``fail``."""
+
+    def __init__(self, stall: int = 0, fail: int = 0) -> None:
+        self.stall, self.fail, self.seen, self.targets = stall, fail, 0, []
+
+    async def invoke(self, request: web.Request) -> web.Response:
+        self.seen += 1
+        self.targets.append((request.match_info["name"], request.headers.get(TARGET_HEADER)))
+        if self.seen <= self.fail:
+            raise ConnectionResetError  # the connection drops without an answer
+        if self.seen <= self.stall:
+            await asyncio.sleep(3)
+        return web.json_response({"outputs": [], "n": self.seen})
+
+
+async def serve(container: Container) -> tuple[web.AppRunner, str]:
+    app = web.Application()
+    app.router.add_post("/models/{name}/invoke", container.invoke)
+    runner = web.AppRunner(app, shutdown_timeout=0.2)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_the_hash_and_the_target_header_reach_the_container():
+    async def main():
+        container = Container()
+        runner, url = await serve(container)
+        forwarder = Forwarder(url, 5.0, loads_in_flight=lambda: 0)
+        try:
+            status, _, body = await forwarder.invoke("a/b+c.tar.gz", b"{}", "application/json", None)
+        finally:
+            await forwarder.close()
+            await runner.cleanup()
+        return status, body, container.targets
+
+    status, body, targets = run(main())
+    assert status == 200 and b'"n": 1' in body
+    assert targets == [(cache_key("a/b+c.tar.gz"), "a/b+c.tar.gz")]
+
+
+def test_no_answer_within_the_invocation_timeout_raises_and_sends_no_second_copy():
+    async def main():
+        container = Container(stall=1)
+        runner, url = await serve(container)
+        forwarder = Forwarder(url, 0.5, loads_in_flight=lambda: 0)
+        try:
+            with pytest.raises(InvocationTimedOut):
+                await forwarder.invoke("m.tar.gz", b"{}", "application/json", None)
+        finally:
+            await forwarder.close()
+            await runner.cleanup()
+        return container.seen, forwarder.hedged
+
+    assert run(main()) == (1, 0)
+
+
+def test_while_a_load_is_in_flight_a_stalled_request_is_sent_again_and_the_first_answer_wins():
+    async def main():
+        container = Container(stall=1)
+        runner, url = await serve(container)
+        forwarder = Forwarder(url, 5.0, loads_in_flight=lambda: 1)
+        loop = asyncio.get_running_loop()
+        try:
+            started = loop.time()
+            status, _, body = await forwarder.invoke("m.tar.gz", b"{}", "application/json", None)
+            elapsed = loop.time() - started
+        finally:
+            await forwarder.close()
+            await runner.cleanup()
+        return status, body, elapsed, forwarder.hedged
+
+    status, body, elapsed, hedged = run(main())
+    assert status == 200 and b'"n": 2' in body  # the second copy answered
+    assert hedged == 1 and elapsed < 1.0
+
+
+def test_when_every_copy_fails_the_failure_is_raised():
+    import aiohttp
+
+    async def main():
+        container = Container(stall=1, fail=0)
+        runner, url = await serve(container)
+        await runner.cleanup()  # nothing listens any more: every copy fails to connect
+        forwarder = Forwarder(url, 5.0, loads_in_flight=lambda: 1)
+        try:
+            with pytest.raises(aiohttp.ClientError):
+                await forwarder.invoke("m.tar.gz", b"{}", "application/json", None)
+        finally:
+            await forwarder.close()
+
+    run(main())
