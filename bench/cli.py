@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -225,25 +226,42 @@ def _child_env() -> dict:
     return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
 
 
-def _run_child(command: list[str], reporter: Reporter) -> tuple[int, bool]:
-    """Run the generator process; Ctrl-C is passed on and the results are still saved."""
+class _Terminated(Exception):
+    """SIGTERM reached mme bench."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise _Terminated
+
+
+def _run_child(command: list[str], reporter: Reporter) -> tuple[int, int | None]:
+    """Run the generator process; Ctrl-C and SIGTERM are passed on (the generator stops its
+    users and saves what was measured). Returns its exit code and the signal that stopped the
+    run, if any."""
     child = subprocess.Popen(command, env=_child_env())
-    interrupted = False
-    while True:
-        try:
-            return child.wait(timeout=CHILD_GRACE_S if interrupted else None), interrupted
-        except KeyboardInterrupt:
-            if not interrupted:
-                interrupted = True
-                if child.poll() is None:
-                    child.send_signal(signal.SIGINT)
-                continue
-            child.kill()
-            return child.wait(), True
-        except subprocess.TimeoutExpired:
-            reporter.warn("the load generator did not stop in time; killing it (results may be partial)")
-            child.kill()
-            return child.wait(), True
+    stopped_by: int | None = None
+    main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
+    try:
+        while True:
+            try:
+                return child.wait(timeout=CHILD_GRACE_S if stopped_by else None), stopped_by
+            except (KeyboardInterrupt, _Terminated) as exc:
+                sig = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM
+                if stopped_by is None:
+                    stopped_by = sig
+                    if child.poll() is None:
+                        child.send_signal(sig)
+                    continue
+                child.kill()
+                return child.wait(), stopped_by
+            except subprocess.TimeoutExpired:
+                reporter.warn("the load generator did not stop in time; killing it (results may be partial)")
+                child.kill()
+                return child.wait(), stopped_by
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -256,10 +274,10 @@ def run_bench(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="mme-bench-") as tmp:
         config_path = Path(tmp) / "config.json"
         config.write(config_path)
-        code, interrupted = _run_child([sys.executable, "-m", "bench.run", "--config", str(config_path)], reporter)
+        code, stopped_by = _run_child([sys.executable, "-m", "bench.run", "--config", str(config_path)], reporter)
     if code == 0:
         print(run_dir)
-        return 130 if interrupted else 0
+        return 0 if stopped_by is None else 128 + stopped_by  # 130 for Ctrl-C, 143 for SIGTERM
     if (run_dir / "requests.csv").exists():
         print(f"partial results in {run_dir}", file=sys.stderr)
     if code in (2, 3):

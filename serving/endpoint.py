@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import aiohttp
+import psutil
+import requests
 
 from mme.progress import Reporter
 from serving import errors_sagemaker as sm
@@ -44,10 +46,13 @@ from serving.forward import Forwarder, InvocationTimedOut
 from serving.instance_metrics import InstanceSampler
 from serving.metrics import EndpointMetrics
 from serving.store import InvalidTargetName, validate_target_name
-from serving.triton.base import TritonServer
+from serving.triton.base import TritonServer, alive
 
 MAX_PAYLOAD_BYTES = 6_291_456  # InvokeEndpoint's real-time limit
 MAX_ATTEMPTS = 4  # loads (or a container restart) one request may wait for
+# Triton's python backend answers this for a model whose stub process died (OOM killer, crash).
+DEAD_WORKER_MARKERS = (b"Stub process", b"is not healthy")
+DEAD_UNLOAD_TIMEOUT_S = 5.0  # then the server is restarted (see _drop_dead_model)
 SAGEMAKER_TIMEOUT_S = 60.0  # both of SageMaker's 60-second rules
 
 
@@ -76,6 +81,11 @@ class LoadedEntry:
     inflight: int = 0
     invocations: int = 0
     footprint_shared: bool = False  # other loads ran at the same time: the footprint is an upper bound
+    workers: tuple[psutil.Process, ...] = ()  # its own worker processes (python-backend stubs), where seen
+
+    def workers_dead(self) -> bool:
+        """It had worker processes and none of them is alive any more."""
+        return bool(self.workers) and not any(alive(p) for p in self.workers)
 
 
 class LoadFailed(Exception):
@@ -176,7 +186,7 @@ class MultiModelEndpoint:
         if len(body) > self.config.max_payload_bytes:
             return sm.payload_too_large(self.config.max_payload_bytes), 0.0, 0.0, None
         deadline = start + self.config.model_wait_timeout_s
-        restarted = False
+        restarted = worker_recovered = False
         wait_s = 0.0
         hit = True
         for _ in range(MAX_ATTEMPTS):
@@ -209,6 +219,10 @@ class MultiModelEndpoint:
             finally:
                 entry.inflight -= 1
             model_s = time.perf_counter() - model_start
+            if status != 200 and not worker_recovered and all(marker in data for marker in DEAD_WORKER_MARKERS):
+                worker_recovered = True  # once per request: unload the dead model, load it again
+                await self._drop_dead_model(target, entry)
+                continue
             if status == 200:
                 return (sm.invocation_reply(data, headers.get("Content-Type", "application/json"),
                                             variant=self.config.variant_name), model_s, wait_s, hit)
@@ -257,7 +271,7 @@ class MultiModelEndpoint:
     async def _load(self, target: str) -> None:
         cached = await asyncio.to_thread(self.cache.fetch, target)
         while True:
-            reserved = await self._admit()
+            reserved = await self._admit(target)
             overlapped = self._active_loads > 1
             before = self.memory_probe()
             started = time.perf_counter()
@@ -279,7 +293,9 @@ class MultiModelEndpoint:
                 await self._release(reserved)
             load_s = time.perf_counter() - started
             footprint = max(0, self.memory_probe() - before)
-            self._loaded[target] = LoadedEntry(target, cached, footprint, load_s, footprint_shared=overlapped)
+            workers = await asyncio.to_thread(self._worker_processes, target)
+            self._loaded[target] = LoadedEntry(target, cached, footprint, load_s, footprint_shared=overlapped,
+                                               workers=workers)
             fresh = not cached.cache_hit
             self.metrics.model_loaded(load_s, cached.download_seconds if fresh else None,
                                       cached.extract_seconds if fresh else None)
@@ -291,7 +307,7 @@ class MultiModelEndpoint:
             )
             return
 
-    async def _admit(self) -> int:
+    async def _admit(self, target: str) -> int:
         """Wait until a load may go to the container; returns the bytes reserved for it.
 
         A load goes ahead when its estimated footprint (the largest measured so far) fits under
@@ -301,6 +317,9 @@ class MultiModelEndpoint:
         (nothing left to unload: the container has the last word, 507 included)."""
         async with self._room:
             while True:
+                if target in self._unloading:  # its old copy is still leaving the container
+                    await self._room.wait()
+                    continue
                 fits = await self._make_room()
                 if fits or self._active_loads == 0:
                     reserved = self._estimate_footprint()
@@ -319,6 +338,44 @@ class MultiModelEndpoint:
         # Its own connection: Triton runs a load on the HTTP thread of the connection that asked.
         with ContainerClient(self.server.sagemaker_url) as control:
             control.load(cached.container_name, self.server.model_url(cached.model_dir), target=target)
+
+    def _worker_processes(self, target: str) -> tuple[psutil.Process, ...]:
+        """The server's processes started for ``target``: python-backend stubs carry its model
+        path, ``.../<hash>/model/...``, in their command line."""
+        marker = f"/{cache_key(target)}/"
+        found = []
+        for pid in self.server.pids():
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(pid)
+                if pid != self.server.pid and any(marker in arg for arg in proc.cmdline()[1:2]):
+                    found.append(proc)
+        return tuple(found)
+
+    async def _drop_dead_model(self, target: str, entry: LoadedEntry) -> None:
+        """A model whose worker died: out of the table and unloaded, so the next request loads
+        it again like any cold request. Triton's python backend may never finish unloading a
+        model whose stub died after a request reached it (measured with the wheel's 2.51: still
+        waiting after 90 s); past ``DEAD_UNLOAD_TIMEOUT_S`` the server is restarted instead, as a
+        broken container is replaced. The room lock is not held across the unload."""
+        async with self._room:
+            if self._loaded.get(target) is not entry:
+                return  # someone else already did
+            del self._loaded[target]
+            self._unloading.add(target)  # loads of it wait until its old copy is gone
+        self.metrics.worker_failed()
+        self.reporter.warn(f"the worker of {target} died; unloading it, it reloads on the next request")
+        try:
+            unload_s = await self._container_unload(target, timeout_s=DEAD_UNLOAD_TIMEOUT_S)
+            self.metrics.model_unloaded(unload_s, evicted=False)
+        except requests.RequestException as exc:
+            self.reporter.warn(f"Triton did not unload {target} ({type(exc).__name__}); restarting it, "
+                               "models reload on demand")
+            await self._recover(force=True)
+        finally:
+            async with self._room:
+                self._unloading.discard(target)
+                self._record_memory()
+                self._room.notify_all()
 
     def _report_load_failure(self, target: str, exc: ModelLoadFailed) -> None:
         self.reporter.info(f"  load {target} failed: {exc}")
@@ -360,11 +417,12 @@ class MultiModelEndpoint:
         self.reporter.info(f"  evicted {victim} (least recently used) in {unload_s:.2f} s; {used / 2**20:.0f} MiB used")
         return True
 
-    async def _container_unload(self, target: str) -> float:
+    async def _container_unload(self, target: str, timeout_s: float | None = None) -> float:
         started = time.perf_counter()
 
         def unload() -> None:
-            with ContainerClient(self.server.sagemaker_url) as control, contextlib.suppress(ModelNotLoaded):
+            options = {} if timeout_s is None else {"load_timeout_s": timeout_s}
+            with ContainerClient(self.server.sagemaker_url, **options) as control, contextlib.suppress(ModelNotLoaded):
                 control.unload(cache_key(target), target=target)  # already gone is as good as unloaded
 
         self._unloading.add(target)
@@ -386,21 +444,29 @@ class MultiModelEndpoint:
             return True
 
     # -- faults ----------------------------------------------------------------------------------
-    async def _recover(self) -> None:
+    async def _recover(self, force: bool = False) -> None:
+        """Restart a dead server (or, with ``force``, a broken live one); models reload on demand."""
         async with self._recover_lock:
-            if self.server.is_running():
+            if self.server.is_running() and not force:
                 return
-            self.reporter.warn(
-                f"the Triton server exited (code {self.server.returncode}); restarting it, models reload on demand"
-            )
+            if not force:
+                self.reporter.warn(
+                    f"the Triton server exited (code {self.server.returncode}); restarting it, models reload on demand"
+                )
             self._loaded.clear()
-            await asyncio.to_thread(self.server.restart)
+            # A dead or broken server gets no grace: its workers catch SIGTERM and would hold the
+            # restart for the whole stop_grace_s before SIGKILL.
+            await asyncio.to_thread(self.server.restart, grace_s=0.0)
             self.metrics.restarted()
             self._record_memory()
 
     async def watchdog(self, interval_s: float = 1.0) -> None:
-        """Detect a crashed server between requests too."""
+        """Detect a crashed server, and models whose workers died, between requests too."""
         while True:
             await asyncio.sleep(interval_s)
             if not self.server.is_running():
                 await self._recover()
+                continue
+            for target, entry in list(self._loaded.items()):
+                if entry.inflight == 0 and entry.workers_dead():
+                    await self._drop_dead_model(target, entry)

@@ -69,6 +69,7 @@ COUNTS: dict[str, str] = {
     "ModelLoads": "models loaded into the container (not a CloudWatch metric)",
     "ModelEvictions": "models unloaded to make room (not a CloudWatch metric)",
     "ContainerRestarts": "serving container crashes recovered (not a CloudWatch metric)",
+    "ModelWorkerFailures": "models whose worker process died, unloaded to reload on demand (not a CloudWatch metric)",
 }
 GAUGES: dict[str, str] = {
     "LoadedModelCount": "models loaded in the container",
@@ -203,6 +204,10 @@ class EndpointMetrics:
     def restarted(self) -> None:
         with self._lock:
             self._counts["ContainerRestarts"] += 1
+
+    def worker_failed(self) -> None:
+        with self._lock:
+            self._counts["ModelWorkerFailures"] += 1
 
     # -- gauges -------------------------------------------------------------------------------
     def memory(self, used: int, limit: int, loaded: int) -> None:

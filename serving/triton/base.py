@@ -46,6 +46,7 @@ from serving.triton.sagemaker_serve import (
 
 DEFAULT_SAGEMAKER_PORT = 8080
 INSTANCE_ENV = "MME_TRITON_INSTANCE"  # marks the processes of one TritonServer object
+OWNER_ENV = "MME_TRITON_OWNER"  # "<pid>:<create time>" of the process that started them
 # Where SageMaker puts each target: <root>/<hash>/model. Triton 2.70+ refuses (400) a load
 # url outside it (src/sagemaker_server.cc: model_path_regex_).
 SAGEMAKER_MODEL_ROOT = PurePosixPath("/opt/ml/models")
@@ -184,6 +185,39 @@ def process_group_members(pgid: int, instance_id: str) -> list[psutil.Process]:
     return members
 
 
+def _owner_tag(proc: psutil.Process) -> str:
+    return f"{proc.pid}:{proc.create_time():.3f}"
+
+
+def _owner_alive(tag: str) -> bool:
+    pid, _, created = tag.partition(":")
+    try:
+        return _owner_tag(psutil.Process(int(pid))) == tag
+    except (psutil.Error, ValueError):
+        return False
+
+
+def sweep_orphans() -> list[int]:
+    """Kill Triton servers and workers left by an mme process that died without stopping them
+    (SIGKILL, OOM killer): processes of this user carrying :data:`OWNER_ENV` whose owner is gone.
+    Returns their pids. Run before each start, so a killed ``mme serve`` leaks them only until
+    the next one."""
+    me = os.getuid()
+    orphans = []
+    for proc in psutil.process_iter(["uids"]):
+        with contextlib.suppress(psutil.Error):
+            if proc.info["uids"] is None or proc.info["uids"].real != me:
+                continue
+            tag = proc.environ().get(OWNER_ENV)
+            if tag and not _owner_alive(tag) and alive(proc):
+                orphans.append(proc)
+    for proc in orphans:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(orphans, timeout=10)
+    return [p.pid for p in orphans]
+
+
 class TritonServer(abc.ABC):
     """One tritonserver serving the SageMaker MME contract. Use as a context manager."""
 
@@ -201,6 +235,7 @@ class TritonServer(abc.ABC):
         self.notices: list[str] = []
         self._notices_done = False
         self._dropped: list[str] = []  # serve arguments this tritonserver lacks (last command())
+        self.swept: list[int] = []  # orphans of earlier runs killed by the last start()
 
     # -- what subclasses provide --------------------------------------------------------
     @abc.abstractmethod
@@ -299,7 +334,8 @@ class TritonServer(abc.ABC):
         log_path = self.log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = self.command(repository)
-        env = {**self._environment(), INSTANCE_ENV: self.instance_id}
+        self.swept = sweep_orphans()
+        env = {**self._environment(), INSTANCE_ENV: self.instance_id, OWNER_ENV: _owner_tag(psutil.Process())}
         if not self._notices_done:
             self.notices.extend(self._startup_notices())
             self._notices_done = True
@@ -384,25 +420,26 @@ class TritonServer(abc.ABC):
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
 
-    def restart(self) -> None:
+    def restart(self, *, grace_s: float | None = None) -> None:
         """Stop (whatever is left of) the server and start it again on the same ports.
 
         Loaded models are not reloaded: like a replaced SageMaker container, it starts empty.
+        ``grace_s`` overrides ``stop_grace_s`` (0: SIGKILL at once, for a server known broken).
         """
-        self._shutdown()
+        self._shutdown(grace_s)
         if self._workdir is not None:
             shutil.rmtree(self._workdir / "model-repository", ignore_errors=True)
         self.start()
 
-    def _shutdown(self) -> None:
+    def _shutdown(self, grace_s: float | None = None) -> None:
         if self._proc is not None:
             self._before_terminate()
-            self._terminate_group()
+            self._terminate_group(self.config.stop_grace_s if grace_s is None else grace_s)
             self._proc = None
         self._close_log()
         self._after_stop()
 
-    def _terminate_group(self) -> None:
+    def _terminate_group(self, grace_s: float) -> None:
         pgid = self._proc.pid  # start_new_session: the server leads its own group
         procs = {p.pid: p for p in process_group_members(pgid, self.instance_id)}
         if self._proc.poll() is None:
@@ -411,7 +448,7 @@ class TritonServer(abc.ABC):
                 procs.update({p.pid: p for p in [root, *root.children(recursive=True)]})
         procs.update({pid: p for pid, p in self._known_children.items() if alive(p)})
         self._signal_all(pgid, list(procs.values()), signal.SIGTERM)
-        deadline = time.monotonic() + self.config.stop_grace_s
+        deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
             self._proc.poll()
             if not any(alive(p) for p in procs.values()):

@@ -68,7 +68,10 @@ def test_boto3_client_reports_sagemaker_error_codes(tmp_path):
     assert {r.target for r in run.requests} <= {"m-v1.tar.gz", "m-v2.tar.gz"}
 
 
-def test_ctrl_c_saves_what_was_measured(tmp_path):
+@pytest.mark.parametrize("sig, code, reason", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+def test_ctrl_c_and_sigterm_stop_the_generator_and_save_what_was_measured(tmp_path, sig, code, reason):
+    """Ctrl-C, and SIGTERM (docker stop, kill, a CI timeout), stop the load generator too: the
+    run is saved and marked, nothing keeps sending load."""
     with FakeEndpoint() as endpoint:
         process = subprocess.Popen(bench_command("--endpoint", "e", "--endpoint-url", endpoint.url, "--mode", "single",
                                                  "--shape", "constant", "--users", "2", "--duration", "60",
@@ -77,18 +80,21 @@ def test_ctrl_c_saves_what_was_measured(tmp_path):
         try:
             time.sleep(3.0)
             started = time.monotonic()
-            process.send_signal(signal.SIGINT)
+            process.send_signal(sig)
             out, err = process.communicate(timeout=30)
             stopped_in = time.monotonic() - started
+            seen = endpoint.state.requests
+            time.sleep(1.0)
+            assert endpoint.state.requests == seen, "load went on after mme bench exited"
         finally:
             if process.poll() is None:  # never leave a 60 s load running after a failure
                 process.kill()
                 process.communicate(timeout=30)
-    assert process.returncode == 130, err
+    assert process.returncode == code, err
     assert stopped_in < 10
     directory = Path(out.strip().splitlines()[-1])
     info = RunInfo.read(directory)
-    assert info.stopped_reason == "interrupted" and info.ended_at
+    assert info.stopped_reason == reason and info.ended_at
     assert len(list(read_requests(directory))) > 3
     assert (directory / "stages.csv").read_text().count("\n") == 2
     assert "Traceback" not in err
