@@ -13,7 +13,7 @@ ARGS ?=
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-gpu package demo test test-gpu bench-package bench-client-cost bench-front bench-cold-start bench-churn clean lock
+.PHONY: help install install-gpu package demo test test-gpu bench-package bench-client-cost bench-front bench-cold-start bench-churn bench-crash clean lock
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -58,6 +58,9 @@ bench-cold-start: $(STAMP) ## cold start of MODEL on the local MME: download, ex
 
 bench-churn: $(STAMP) ## warm latency while other models load, and two cold loads at once, on the local MME
 	$(BIN)/python tests/benchmarks/bench_load_churn.py
+
+bench-crash: $(STAMP) ## time to first success after a model worker and then Triton are killed under load, on the local MME
+	$(BIN)/python tests/benchmarks/bench_crash_recovery.py
 
 lock: ## regenerate constraints.txt from a fresh resolve of pyproject.toml
 	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock

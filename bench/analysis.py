@@ -75,6 +75,7 @@ class EndpointStage:
     model_latency_avg_ms: float | None  # endpoint-side ModelLatency of the stage's requests
     loaded_model_count: int | None  # gauge at the stage end
     memory_utilization: float | None  # percent, at the stage end
+    loads_above_threshold: int | None = None  # loads that left memory above the eviction threshold
 
 
 NO_ENDPOINT = EndpointStage(None, None, None, None, None, None, None, None)
@@ -113,6 +114,7 @@ class StageSummary:
     model_latency_avg_ms: float | None = None
     loaded_model_count: int | None = None
     memory_utilization: float | None = None
+    loads_above_threshold: int | None = None
 
     @property
     def error_free(self) -> bool:
@@ -400,6 +402,7 @@ def _endpoint_stage(now: dict, before: dict | None) -> EndpointStage:
         model_latency_avg_ms=(total / count / 1000.0) if count else None,
         loaded_model_count=int(loaded) if isinstance(loaded, (int, float)) else None,
         memory_utilization=float(utilisation) if isinstance(utilisation, (int, float)) else None,
+        loads_above_threshold=d("LoadsAboveThreshold"),
     )
 
 

@@ -97,6 +97,7 @@ _ENDPOINT_COLUMNS: tuple[tuple[str, Callable[[StageSummary], str]], ...] = (
     ("cache misses", lambda s: fmt(s.cache_misses)),
     ("loaded models", lambda s: fmt(s.loaded_model_count)),
     ("memory % of limit", lambda s: fmt(s.memory_utilization)),
+    ("loads above threshold", lambda s: fmt(s.loads_above_threshold)),
     ("endpoint ModelLatency avg ms", lambda s: fmt(s.model_latency_avg_ms)),
 )
 

@@ -352,7 +352,7 @@ class ModelCache:
             download_s = time.perf_counter() - start
             with self._lock:
                 self._downloads += 1
-            extracted = extract_model_tarball(tarball, entry_dir / MODEL_DIR, self.limits)
+            extracted = extract_model_tarball(tarball, entry_dir / MODEL_DIR, self.limits, name=info.location)
             cached = CachedModel(
                 target=target, model_dir=extracted.root, tarball_bytes=info.size, sha256=extracted.sha256,
                 download_seconds=round(download_s, 6), extract_seconds=round(extracted.seconds, 6),

@@ -43,7 +43,8 @@ def register_serve(subparsers) -> None:
     p.add_argument("--s3-endpoint-url", help="S3-compatible endpoint for s3:// sources")
     p.add_argument("--disk-limit", type=byte_size,
                    help="disk the extracted models may use, e.g. 20G; past it the least recently used models that are "
-                   "not loaded are deleted, as SageMaker does when the instance disk fills (default: no limit)")
+                   "not loaded are deleted, as SageMaker does when the instance disk fills (default: what the cache holds "
+                   "plus 90%% of the free space on its filesystem at start)")
     sage = p.add_argument_group("SageMaker's answers (defaults as SageMaker's)")
     sage.add_argument("--endpoint-name", default="local",
                       help="the EndpointName this endpoint answers for; others get ValidationError (default: %(default)s)")
@@ -57,6 +58,9 @@ def register_serve(subparsers) -> None:
     sage.add_argument("--invocation-timeout", type=positive_float, default=60.0, metavar="S",
                       help="an invocation the container has not answered in S seconds gets ModelError with "
                       "OriginalStatusCode 0 (default: 60, as SageMaker)")
+    sage.add_argument("--load-timeout", type=positive_float, default=600.0, metavar="S",
+                      help="a model load the container has not finished in S seconds fails its requests with "
+                      "InternalFailure (default: %(default)s)")
     sage.add_argument("--allow-unsigned", action="store_true",
                       help="accept requests without a SigV4 signature (SageMaker answers them 403; signatures are never verified)")
     sage.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
@@ -80,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
         cache_dir=Path(args.cache_dir) if args.cache_dir else None, s3_endpoint_url=args.s3_endpoint_url,
         memory=args.memory, endpoint_name=args.endpoint_name, variant_name=args.variant_name, account=args.account,
         region=args.region, model_wait_timeout_s=args.model_wait_timeout, invocation_timeout_s=args.invocation_timeout,
-        allow_unsigned=args.allow_unsigned, sagemaker_env=settings, disk_limit_bytes=args.disk_limit,
+        allow_unsigned=args.allow_unsigned, load_timeout_s=args.load_timeout, sagemaker_env=settings,
+        disk_limit_bytes=args.disk_limit,
     )
     reporter = Reporter(quiet=args.quiet)
     endpoint = LocalEndpoint(options, reporter)
@@ -100,8 +105,15 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         reporter.info("==> stopping")
     finally:
-        endpoint.stop()
-        signal.signal(signal.SIGTERM, previous)
+        # More Ctrl-Cs (or SIGTERMs) while stopping must not cut the cleanup short: that would leave
+        # Triton's work directory and shared-memory segments behind. The stop takes seconds.
+        previous_int = signal.signal(signal.SIGINT, lambda *_: reporter.warn("still stopping; one moment"))
+        signal.signal(signal.SIGTERM, lambda *_: None)
+        try:
+            endpoint.stop()
+        finally:
+            signal.signal(signal.SIGINT, previous_int)
+            signal.signal(signal.SIGTERM, previous)
     return 0
 
 

@@ -36,6 +36,7 @@ from mme.progress import Reporter
 from serving import errors_sagemaker as sm
 from serving.cache import CachedModel, ModelCache, cache_key
 from serving.container import (
+    LOAD_TIMEOUT_S,
     ContainerClient,
     ContainerOutOfMemory,
     ModelAlreadyLoaded,
@@ -68,6 +69,7 @@ class EndpointConfig:
     model_wait_timeout_s: float = SAGEMAKER_TIMEOUT_S
     invocation_timeout_s: float = SAGEMAKER_TIMEOUT_S
     allow_unsigned: bool = False
+    load_timeout_s: float = LOAD_TIMEOUT_S  # a load not finished by then fails its requests
 
 
 @dataclass
@@ -97,6 +99,16 @@ class LoadFailed(Exception):
         self.body = body
 
 
+class LoadTimedOut(Exception):
+    """The container did not finish loading a model within the load timeout."""
+
+    sagemaker_error = "InternalFailure"
+
+
+class EndpointClosing(Exception):
+    """The endpoint is shutting down: loads in progress were abandoned."""
+
+
 class ModelStillLoading(Exception):
     """The target was not loaded within the model wait timeout (its load goes on)."""
 
@@ -120,7 +132,14 @@ class MultiModelEndpoint:
         # Evictions and admissions; never held during a load. Notified when a load finishes.
         self._room = asyncio.Condition()
         self._recover_lock = asyncio.Lock()
+        self._server_ready = asyncio.Event()  # cleared while a crashed server is restarted
+        self._server_ready.set()
         self._forwarder: Forwarder | None = None
+        self._closing = False
+        self._room_waiters = 0  # loads waiting for room (then an idle model notifies them)
+        self._over_threshold: set[str] = set()  # loads admitted with no way to make room
+        self._footprints: dict[str, int] = {}  # last measured footprint per target
+        self.abandoned_loads = 0  # loads still running when the shutdown began
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -128,9 +147,16 @@ class MultiModelEndpoint:
                                     loads_in_flight=lambda: len(self._loading))
         self._record_memory()
 
-    async def close(self) -> None:
+    def begin_shutdown(self) -> None:
+        """Stop waiting for loads in progress: their requests get 503 at once, so a shutdown
+        does not wait for a slow load (Docker gives 10 s, Kubernetes 30 s before SIGKILL)."""
+        self._closing = True
+        self.abandoned_loads += len(self._loading)
         for task in list(self._loading.values()):
             task.cancel()
+
+    async def close(self) -> None:
+        self.begin_shutdown()
         if self._forwarder is not None:
             await self._forwarder.close()
 
@@ -194,6 +220,9 @@ class MultiModelEndpoint:
                 attempt_hit, attempt_wait = await self._ensure_loaded(target, deadline)
             except ModelStillLoading:
                 return self._not_ready(target), 0.0, time.perf_counter() - start, False
+            except EndpointClosing:
+                return (sm.service_unavailable(f"The endpoint is shutting down; {target} was still loading. Retry."),
+                        0.0, time.perf_counter() - start, False)
             except LoadFailed as exc:
                 return self._model_error(exc.status, exc.body), 0.0, time.perf_counter() - start, False
             except Exception as exc:  # store and extraction errors carry their SageMaker code
@@ -211,13 +240,15 @@ class MultiModelEndpoint:
             except InvocationTimedOut:
                 return self._timed_out(), time.perf_counter() - model_start, wait_s, hit
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                if not restarted and not self.server.is_running():
-                    restarted = True
+                if not restarted and await self._server_died():
+                    restarted = True  # retried once on the restarted server
                     await self._recover()
                     continue
                 return sm.service_unavailable(f"The serving container did not answer: {exc}"), 0.0, wait_s, hit
             finally:
                 entry.inflight -= 1
+                if not entry.inflight:
+                    self._model_idle()
             model_s = time.perf_counter() - model_start
             if status != 200 and not worker_recovered and all(marker in data for marker in DEAD_WORKER_MARKERS):
                 worker_recovered = True  # once per request: unload the dead model, load it again
@@ -260,6 +291,10 @@ class MultiModelEndpoint:
             await asyncio.wait_for(asyncio.shield(task), timeout=max(0.0, deadline - time.perf_counter()))
         except TimeoutError:
             raise ModelStillLoading(target) from None
+        except asyncio.CancelledError:
+            if self._closing and task.cancelled():
+                raise EndpointClosing(target) from None
+            raise
         return False, time.perf_counter() - start
 
     def _load_finished(self, target: str, task: asyncio.Task) -> None:
@@ -270,7 +305,9 @@ class MultiModelEndpoint:
 
     async def _load(self, target: str) -> None:
         cached = await asyncio.to_thread(self.cache.fetch, target)
+        restarts = 0
         while True:
+            await self._server_ready.wait()  # a load during a restart would only fail
             reserved = await self._admit(target)
             overlapped = self._active_loads > 1
             before = self.memory_probe()
@@ -288,6 +325,12 @@ class MultiModelEndpoint:
             except ModelLoadFailed as exc:
                 self._report_load_failure(target, exc)
                 raise LoadFailed(exc.status, exc.body) from None
+            except requests.ConnectionError:
+                if restarts or not await self._server_died():
+                    raise
+                restarts += 1  # the server crashed under this load: load again on the restarted one
+                await self._recover()
+                continue
             finally:
                 overlapped = overlapped or self._active_loads > 1
                 await self._release(reserved)
@@ -296,10 +339,19 @@ class MultiModelEndpoint:
             workers = await asyncio.to_thread(self._worker_processes, target)
             self._loaded[target] = LoadedEntry(target, cached, footprint, load_s, footprint_shared=overlapped,
                                                workers=workers)
+            self._footprints[target] = footprint
             fresh = not cached.cache_hit
             self.metrics.model_loaded(load_s, cached.download_seconds if fresh else None,
                                       cached.extract_seconds if fresh else None)
             used = self._record_memory()
+            if target in self._over_threshold or used > self.config.memory_threshold * self.limit:
+                self._over_threshold.discard(target)
+                self.metrics.load_above_threshold()
+                self.reporter.warn(
+                    f"{target} loaded with memory at {100 * used / self.limit:.0f}% of the limit, above the "
+                    f"{100 * self.config.memory_threshold:.0f}% threshold: nothing idle was left to unload "
+                    "(fewer copies, a larger --memory-limit, or a lower load per model avoid it)"
+                )
             self.reporter.info(
                 f"  loaded {target} in {load_s:.2f} s (+{footprint / 2**20:.0f} MiB"
                 f"{', other loads ran alongside' if overlapped else ''}; "
@@ -312,21 +364,45 @@ class MultiModelEndpoint:
 
         A load goes ahead when its estimated footprint (the largest measured so far) fits under
         the threshold beside what is used and reserved by the loads under way, after unloading
-        idle models; when it does not fit, or no footprint is known yet, it waits for a load
-        under way to finish and looks again. With no load under way it goes ahead regardless
-        (nothing left to unload: the container has the last word, 507 included)."""
+        idle models. When it does not fit it waits (bounded by the requests' model-wait timeout,
+        after which they get 429 like any load that takes too long) for a load under way to finish
+        or a busy model to become idle and unloadable, and looks again. Only when nothing is
+        loading and nothing is busy, so that nothing can ever make room, does it go ahead: then
+        the container has the last word (507 included) and the load is logged and counted
+        (LoadsAboveThreshold)."""
+        self._over_threshold.discard(target)
         async with self._room:
             while True:
                 if target in self._unloading:  # its old copy is still leaving the container
-                    await self._room.wait()
+                    await self._wait_for_room()
                     continue
                 fits = await self._make_room()
-                if fits or self._active_loads == 0:
+                busy = any(e.inflight for e in self._loaded.values())
+                if fits or (self._active_loads == 0 and not busy):
+                    if not fits:
+                        self._over_threshold.add(target)
                     reserved = self._estimate_footprint()
                     self._reserved_bytes += reserved
                     self._active_loads += 1
                     return reserved
-                await self._room.wait()
+                await self._wait_for_room()
+
+    async def _wait_for_room(self) -> None:
+        """Wait (room condition held) until a load finishes, a model is unloaded or becomes idle."""
+        self._room_waiters += 1
+        try:
+            await self._room.wait()
+        finally:
+            self._room_waiters -= 1
+
+    def _model_idle(self) -> None:
+        """A loaded model's last request finished: loads waiting for room may evict it now."""
+        if self._room_waiters:
+            asyncio.get_running_loop().create_task(self._notify_room())
+
+    async def _notify_room(self) -> None:
+        async with self._room:
+            self._room.notify_all()
 
     async def _release(self, reserved: int) -> None:
         async with self._room:
@@ -336,8 +412,14 @@ class MultiModelEndpoint:
 
     def _container_load(self, cached: CachedModel, target: str) -> None:
         # Its own connection: Triton runs a load on the HTTP thread of the connection that asked.
-        with ContainerClient(self.server.sagemaker_url) as control:
-            control.load(cached.container_name, self.server.model_url(cached.model_dir), target=target)
+        with ContainerClient(self.server.sagemaker_url, load_timeout_s=self.config.load_timeout_s) as control:
+            try:
+                control.load(cached.container_name, self.server.model_url(cached.model_dir), target=target)
+            except requests.Timeout:
+                raise LoadTimedOut(
+                    f"loading {target} did not finish within {self.config.load_timeout_s:g} s (--load-timeout); "
+                    "retrying may help if the host was busy, else check the model's initialize() in the Triton log"
+                ) from None
 
     def _worker_processes(self, target: str) -> tuple[psutil.Process, ...]:
         """The server's processes started for ``target``: python-backend stubs carry its model
@@ -387,13 +469,14 @@ class MultiModelEndpoint:
             )
 
     def _estimate_footprint(self) -> int:
-        return max((e.footprint_bytes for e in self._loaded.values()), default=0)
+        """The largest footprint measured (kept across restarts, so copies reload in parallel)."""
+        return max(self._footprints.values(), default=0)
 
     async def _make_room(self) -> bool:
         """Unload idle models until a load's estimate fits under the threshold beside the loads
         under way; False when it does not fit, or nothing is known to estimate with while
         other loads run (call with the room condition held)."""
-        if not self._loaded and self._active_loads:
+        if not self._footprints and self._active_loads:
             return False  # no footprint measured yet: one load at a time until there is
         budget = self.config.memory_threshold * self.limit
         while self.memory_probe() + self._reserved_bytes + self._estimate_footprint() > budget:
@@ -449,16 +532,33 @@ class MultiModelEndpoint:
         async with self._recover_lock:
             if self.server.is_running() and not force:
                 return
-            if not force:
-                self.reporter.warn(
-                    f"the Triton server exited (code {self.server.returncode}); restarting it, models reload on demand"
-                )
-            self._loaded.clear()
-            # A dead or broken server gets no grace: its workers catch SIGTERM and would hold the
-            # restart for the whole stop_grace_s before SIGKILL.
-            await asyncio.to_thread(self.server.restart, grace_s=0.0)
-            self.metrics.restarted()
-            self._record_memory()
+            self._server_ready.clear()
+            try:
+                await self._restart(force)
+            finally:
+                self._server_ready.set()
+
+    async def _restart(self, force: bool) -> None:
+        if not force:
+            self.reporter.warn(
+                f"the Triton server exited (code {self.server.returncode}); restarting it, models reload on demand"
+            )
+        self._loaded.clear()
+        # A dead or broken server gets no grace: its workers catch SIGTERM and would hold the
+        # restart for the whole stop_grace_s before SIGKILL.
+        await asyncio.to_thread(self.server.restart, grace_s=0.0)
+        self.metrics.restarted()
+        self._record_memory()
+
+    async def _server_died(self, within_s: float = 1.0) -> bool:
+        """Whether the server is dead, waiting up to ``within_s`` for it to be seen so: a
+        connection reset by a crashing server can come before the process has exited."""
+        deadline = time.perf_counter() + within_s
+        while self.server.is_running():
+            if time.perf_counter() > deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
 
     async def watchdog(self, interval_s: float = 1.0) -> None:
         """Detect a crashed server, and models whose workers died, between requests too."""

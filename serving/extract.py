@@ -77,9 +77,14 @@ class ExtractLimits:
     max_total_bytes: int = 16 * GIB
     max_members: int = 10_000
     allow_links: bool = False  # True: symlinks/hard links whose targets stay inside the model
+    # A gzip bomb under the size cap (2.3 MB of zeros unpacking to 2.2 GiB) is stopped by the
+    # ratio of declared to compressed bytes, read from each member's header before it is written.
+    # Weights barely compress (1.05-1.1x); tokenizer files about 4x. Below the floor any ratio goes.
+    max_ratio: float = 100.0
+    ratio_floor_bytes: int = 64 * 2**20
 
     def __post_init__(self) -> None:
-        if self.max_total_bytes < 1 or self.max_members < 1:
+        if self.max_total_bytes < 1 or self.max_members < 1 or self.max_ratio <= 1:
             raise ValueError(f"ExtractLimits must be positive, got {self}")
 
 
@@ -147,11 +152,12 @@ def _check_member(member: tarfile.TarInfo, seen: dict[str, bool], limits: Extrac
     return norm
 
 
-def _unpack(tarball: Path, into: Path, limits: ExtractLimits) -> tuple[int, int, int, str]:
-    """Stream-extract into ``into``; return (members, uncompressed file bytes, tarball bytes, sha256)."""
-    name = tarball.name
+def _unpack(tarball: Path, into: Path, limits: ExtractLimits, name: str) -> tuple[int, int, int, str]:
+    """Stream-extract into ``into``; return (members, uncompressed file bytes, tarball bytes, sha256).
+    ``name`` is how messages call the tarball (the object it came from)."""
     members = total = 0
     seen: dict[str, bool] = {".": True}  # normalised name -> is a directory
+    compressed = max(1, tarball.stat().st_size)
     with open(tarball, "rb") as fh:
         if fh.read(2) != b"\x1f\x8b":
             raise CorruptArtifact(f"{name} is not gzip-compressed; an MME model must be a .tar.gz (tar -czf)")
@@ -172,6 +178,12 @@ def _unpack(tarball: Path, into: Path, limits: ExtractLimits) -> tuple[int, int,
                             if total > limits.max_total_bytes:
                                 raise ArtifactTooLarge(
                                     f"{name} unpacks to more than {limits.max_total_bytes:,} bytes; raise max_total_bytes if the model really is that large"
+                                )
+                            if total > limits.ratio_floor_bytes and total > limits.max_ratio * compressed:
+                                raise ArtifactTooLarge(
+                                    f"{name} would unpack {compressed:,} compressed bytes to more than {total:,} "
+                                    f"({total / compressed:,.0f}x, the limit is {limits.max_ratio:g}x): a gzip bomb, "
+                                    "or a model that compresses unusually well; raise max_ratio if you trust it"
                                 )
                         tar.extract(member, path=into, filter="data")
                 while gz.read(1 << 20):  # the rest of the gzip stream: verifies CRC and length
@@ -226,17 +238,21 @@ def check_layout(root: Path, tarball_name: str = "tarball") -> tuple[str, tuple[
     return "ensemble", (ensemble, *[d for d in dirs if d != ensemble])
 
 
-def extract_model_tarball(tarball: Path, dest: Path, limits: ExtractLimits = ExtractLimits()) -> ExtractedModel:
-    """Verify ``tarball`` and unpack it to ``dest`` (replacing it), or raise an ArtifactError leaving ``dest`` as it was."""
+def extract_model_tarball(tarball: Path, dest: Path, limits: ExtractLimits = ExtractLimits(), *,
+                          name: str | None = None) -> ExtractedModel:
+    """Verify ``tarball`` and unpack it to ``dest`` (replacing it), or raise an ArtifactError leaving
+    ``dest`` as it was. ``name`` (default: the file's name) is how errors call it: the object it
+    was downloaded from, e.g. ``s3://bucket/key``, not a temporary file."""
     start = time.perf_counter()
     tarball, dest = Path(tarball), Path(dest)
+    name = name or tarball.name
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.extract-"))
     try:
         unpacked = staging / "unpacked"
         unpacked.mkdir()
-        members, total, size, sha = _unpack(tarball, unpacked, limits)
-        layout, models = check_layout(unpacked, tarball.name)
+        members, total, size, sha = _unpack(tarball, unpacked, limits, name)
+        layout, models = check_layout(unpacked, name)
         if layout == "root-config":
             wrapped = staging / "wrapped"
             wrapped.mkdir()

@@ -19,6 +19,7 @@ from mme.errors import UsageError
 from mme.progress import Reporter
 from serving import errors_sagemaker as sm
 from serving.cache import ModelCache
+from serving.container import LOAD_TIMEOUT_S
 from serving.copies import CopiesSource
 from serving.endpoint import SAGEMAKER_TIMEOUT_S, EndpointConfig, MultiModelEndpoint
 from serving.instance_metrics import InstanceSampler
@@ -50,6 +51,7 @@ class LocalEndpointOptions:
     model_wait_timeout_s: float = SAGEMAKER_TIMEOUT_S  # then 429 ModelNotReadyException
     invocation_timeout_s: float = SAGEMAKER_TIMEOUT_S  # then ModelError, OriginalStatusCode 0
     allow_unsigned: bool = False  # accept requests without a SigV4 signature (SageMaker answers 403)
+    load_timeout_s: float = LOAD_TIMEOUT_S  # a container load not finished by then fails its requests
     sagemaker_env: Mapping[str, str] = field(default_factory=dict)  # SAGEMAKER_TRITON_* and the container's env
     disk_limit_bytes: int | None = None  # delete least recently used unloaded artifacts past this
 
@@ -61,7 +63,8 @@ class LocalEndpointOptions:
         if not 0 <= self.port < 65536:
             raise UsageError(f"--port must be between 0 and 65535 (got {self.port})")
         for flag, value in (("--model-wait-timeout", self.model_wait_timeout_s),
-                            ("--invocation-timeout", self.invocation_timeout_s)):
+                            ("--invocation-timeout", self.invocation_timeout_s),
+                            ("--load-timeout", self.load_timeout_s)):
             if not value > 0:
                 raise UsageError(f"{flag} must be a positive number of seconds (got {value:g})")
         if self.disk_limit_bytes is not None and self.disk_limit_bytes <= 0:
@@ -97,6 +100,20 @@ def _check_engines(manifest) -> None:
                        compute_capability=gpu_compute_capability(), where="this host's GPU")
 
 
+DISK_SHARE = 0.9  # of the free space at start: what the model cache may grow into by default
+
+
+def default_disk_limit(cache_dir: Path) -> int:
+    """What the cache holds now plus 90% of the free space on its filesystem: unloaded models
+    are deleted before the disk fills, as SageMaker does on an instance."""
+    import shutil
+
+    from serving.cache import disk_usage
+
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    return max(1, disk_usage(cache_dir) + int(DISK_SHARE * shutil.disk_usage(cache_dir).free))
+
+
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """uvloop's loop (libuv): the front's per-request cost is what the endpoint adds to latency."""
     import uvloop
@@ -123,7 +140,8 @@ class LocalEndpoint:
         if cache_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="mme-cache-")
             cache_dir = Path(self._tmp.name)
-        self.cache = ModelCache(cache_dir, source, disk_limit_bytes=options.disk_limit_bytes, in_use=self._in_use)
+        self.disk_limit_bytes = options.disk_limit_bytes or default_disk_limit(Path(cache_dir))
+        self.cache = ModelCache(cache_dir, source, disk_limit_bytes=self.disk_limit_bytes, in_use=self._in_use)
         self.server = create_server(kind, config, model_root=self.cache.root)
         instance_kind = manifest.triton.get("instance_kind") if manifest is not None else None
         self.meter: MemoryMeter = choose_meter(options.memory, self.server.pids, instance_kind=instance_kind)
@@ -154,7 +172,7 @@ class LocalEndpoint:
             memory_limit_bytes=self._memory_limit(), memory_threshold=o.memory_threshold, region=o.region,
             account=o.account, endpoint_name=o.endpoint_name, variant_name=o.variant_name,
             model_wait_timeout_s=o.model_wait_timeout_s, invocation_timeout_s=o.invocation_timeout_s,
-            allow_unsigned=o.allow_unsigned,
+            allow_unsigned=o.allow_unsigned, load_timeout_s=o.load_timeout_s,
         )
         self.endpoint = MultiModelEndpoint(self.cache, self.server, config, self.memory_used, self.reporter,
                                            instance_sampler=self.sampler)
@@ -171,6 +189,8 @@ class LocalEndpoint:
             self._watchdog.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watchdog
+        if self.endpoint is not None:
+            self.endpoint.begin_shutdown()  # requests waiting for a load answer now
         if self._runner is not None:
             await self._runner.cleanup()
         if self.endpoint is not None:
@@ -218,7 +238,10 @@ class LocalEndpoint:
                 self._loop.call_soon_threadsafe(self._loop.stop)
                 self._thread.join(timeout=10)
         finally:
-            self.server.stop()
+            # Nothing is in flight any more (the front drained); a load still running would hold
+            # Triton's exit for the whole grace period, so then it gets none.
+            abandoned = self.endpoint is not None and self.endpoint.abandoned_loads > 0
+            self.server.stop(grace_s=0.0 if abandoned else None)
             self.sampler.close()
             if self._tmp is not None:
                 self._tmp.cleanup()

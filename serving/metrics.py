@@ -70,6 +70,8 @@ COUNTS: dict[str, str] = {
     "ModelEvictions": "models unloaded to make room (not a CloudWatch metric)",
     "ContainerRestarts": "serving container crashes recovered (not a CloudWatch metric)",
     "ModelWorkerFailures": "models whose worker process died, unloaded to reload on demand (not a CloudWatch metric)",
+    "LoadsAboveThreshold": "loads that left memory above the eviction threshold: nothing idle was left to unload "
+                           "(not a CloudWatch metric)",
 }
 GAUGES: dict[str, str] = {
     "LoadedModelCount": "models loaded in the container",
@@ -208,6 +210,10 @@ class EndpointMetrics:
     def worker_failed(self) -> None:
         with self._lock:
             self._counts["ModelWorkerFailures"] += 1
+
+    def load_above_threshold(self) -> None:
+        with self._lock:
+            self._counts["LoadsAboveThreshold"] += 1
 
     # -- gauges -------------------------------------------------------------------------------
     def memory(self, used: int, limit: int, loaded: int) -> None:

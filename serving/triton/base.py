@@ -413,9 +413,10 @@ class TritonServer(abc.ABC):
         self._known_children.update(procs)
         return sorted(pid for pid, proc in procs.items() if alive(proc))
 
-    def stop(self) -> None:
-        """Stop the server and every process it started; idempotent."""
-        self._shutdown()
+    def stop(self, *, grace_s: float | None = None) -> None:
+        """Stop the server and every process it started; idempotent. ``grace_s`` overrides
+        ``stop_grace_s`` (Triton waits for loads in progress before it exits on SIGTERM)."""
+        self._shutdown(grace_s)
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None

@@ -160,6 +160,18 @@ def test_failed_fetch_leaves_no_partial_files(tmp_path: Path, models_dir: Path, 
     assert not (tmp_path / "escape.txt").exists()
 
 
+def test_artifact_errors_name_the_object_not_the_download_file(tmp_path: Path, models_dir: Path) -> None:
+    """The message says which object is wrong (its path or s3:// URI), not the temporary
+    ``.download-*.tar.gz`` it was fetched into."""
+    write_tarball(models_dir / "noconfig.tar.gz", [Member("tiny/1/model.py", b"x")])
+    write_tarball(models_dir / "unsafe.tar.gz", model_members() + [Member("../escape.txt", b"x")])
+    cache, _ = _cache(tmp_path, models_dir)
+    for target in ("noconfig.tar.gz", "unsafe.tar.gz"):
+        with pytest.raises(Exception) as info:
+            cache.fetch(target)
+        assert str(models_dir / target) in str(info.value) and ".download-" not in str(info.value)
+
+
 def test_failed_refetch_keeps_the_previous_copy(tmp_path: Path, models_dir: Path) -> None:
     cache, source = _cache(tmp_path, models_dir)
     good = cache.fetch("tiny-v1.tar.gz")

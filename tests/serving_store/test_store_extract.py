@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
 import tarfile
@@ -176,3 +177,38 @@ def test_truncated_and_garbage_tarballs_are_corrupt(resnet_artifact, tmp_path: P
             extract_model_tarball(tarball, tmp_path / "cache" / "model")
         assert name in str(info.value), name
         assert not (tmp_path / "cache").exists() or tree(tmp_path / "cache") == [], name
+
+
+class _Zeros:
+    """A file of ``size`` zero bytes that is never held in memory."""
+
+    def __init__(self, size: int) -> None:
+        self.left = size
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left if n < 0 else min(n, self.left)
+        self.left -= n
+        return b"\0" * n
+
+
+def test_a_gzip_bomb_under_the_size_cap_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """300 MiB of zeros compress to about 0.3 MB (1,000x): the member's header declares its size,
+    so the ratio bound stops it before a byte of it reaches the disk."""
+    bomb = tmp_path / "bomb.tar.gz"
+    size = 300 * 2**20
+    with gzip.open(bomb, "wb", compresslevel=1) as gz, tarfile.open(fileobj=gz, mode="w|") as tar:
+        for member in model_members():
+            info = tarfile.TarInfo(member.name)
+            info.type = member.kind
+            if member.data is not None:
+                info.size = len(member.data)
+            tar.addfile(info, io.BytesIO(member.data or b""))
+        info = tarfile.TarInfo("tiny/1/weights.bin")
+        info.size = size
+        tar.addfile(info, _Zeros(size))
+    assert bomb.stat().st_size < size / 100
+    out = tmp_path / "out"
+    with pytest.raises(ArtifactTooLarge, match="gzip bomb"):
+        extract_model_tarball(bomb, out / "model")
+    assert not out.exists() or tree(out) == []
+    assert extract_model_tarball(bomb, tmp_path / "trusted", ExtractLimits(max_ratio=10_000)).total_bytes >= size
