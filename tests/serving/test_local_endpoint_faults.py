@@ -135,25 +135,9 @@ def test_triton_left_by_a_killed_mme_serve_is_stopped_by_the_next_start(packaged
     live on under init. The next server start finds them by their owner tag and stops them."""
     from serving.triton.base import TritonServerConfig
     from serving.triton.local import LocalTritonServer
-    with socket_port() as port:
-        pass
-    proc = subprocess.Popen([sys.executable, "-m", "mme", "-q", "serve", "--models", str(packaged_test_resnet.directory),
-                             "--port", str(port), "--server", "local", "--allow-unsigned"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = serve_and_load(packaged_test_resnet, "-q", output=subprocess.DEVNULL)
     leftovers: list[psutil.Process] = []
     try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if requests.get(f"{url}/ping", timeout=1).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                assert time.monotonic() < deadline and proc.poll() is None, "mme serve did not start"
-                time.sleep(0.2)
-        reply = requests.post(f"{url}/endpoints/local/invocations", data=packaged_test_resnet.sample("json"), timeout=60,
-                              headers={"Content-Type": "application/json", "X-Amzn-SageMaker-Target-Model": "test_resnet.tar.gz"})
-        assert reply.status_code == 200
         leftovers = psutil.Process(proc.pid).children(recursive=True)
         assert any("tritonserver" in p.name() for p in leftovers) and len(leftovers) >= 2  # server + stub
         proc.kill()
@@ -173,13 +157,32 @@ def test_triton_left_by_a_killed_mme_serve_is_stopped_by_the_next_start(packaged
                 p.kill()
 
 
-@contextlib.contextmanager
-def socket_port():
-    import socket
+def serve_and_load(packaged, *flags: str, output) -> subprocess.Popen:
+    """`mme serve` of ``packaged`` in its own process, ready, with test_resnet.tar.gz loaded."""
+    from serving.triton.base import free_ports
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        yield sock.getsockname()[1]
+    port = free_ports(1)[0]
+    proc = subprocess.Popen([sys.executable, "-m", "mme", *flags, "serve", "--models", str(packaged.directory),
+                             "--port", str(port), "--server", "local", "--allow-unsigned"],
+                            stdout=output, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    try:
+        while True:
+            try:
+                if requests.get(f"{url}/ping", timeout=1).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                assert time.monotonic() < deadline and proc.poll() is None, "mme serve did not start"
+                time.sleep(0.2)
+        reply = requests.post(f"{url}/endpoints/local/invocations", data=packaged.sample("json"), timeout=60,
+                              headers={"Content-Type": "application/json", "X-Amzn-SageMaker-Target-Model": "test_resnet.tar.gz"})
+        assert reply.status_code == 200, reply.text
+    except BaseException:
+        proc.kill()
+        proc.communicate(timeout=30)
+        raise
+    return proc
 
 
 def test_shutdown_does_not_wait_for_a_load_in_progress(tmp_path):
@@ -322,24 +325,8 @@ def test_repeated_ctrl_c_still_leaves_nothing_behind(packaged_test_resnet):
     import glob
     import re
 
-    with socket_port() as port:
-        pass
-    proc = subprocess.Popen([sys.executable, "-m", "mme", "serve", "--models", str(packaged_test_resnet.directory),
-                             "--port", str(port), "--server", "local", "--allow-unsigned"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = serve_and_load(packaged_test_resnet, output=subprocess.PIPE)
     try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if requests.get(f"{url}/ping", timeout=1).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                assert time.monotonic() < deadline and proc.poll() is None, "mme serve did not start"
-                time.sleep(0.2)
-        reply = requests.post(f"{url}/endpoints/local/invocations", data=packaged_test_resnet.sample("json"), timeout=60,
-                              headers={"Content-Type": "application/json", "X-Amzn-SageMaker-Target-Model": "test_resnet.tar.gz"})
-        assert reply.status_code == 200
         triton = next(p for p in psutil.Process(proc.pid).children(recursive=True) if "tritonserver" in p.name())
         workdir = triton.cwd()
         prefix = re.search(r"shm-region-prefix-name=(\S+)", " ".join(triton.cmdline())).group(1)
