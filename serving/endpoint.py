@@ -172,7 +172,8 @@ class MultiModelEndpoint:
 
     def loaded_models(self) -> list[dict]:
         return [
-            {"target": e.target, "footprint_bytes": e.footprint_bytes, "load_seconds": round(e.load_seconds, 3),
+            {"target": e.target, "footprint_bytes": e.footprint_bytes, "footprint_shared": e.footprint_shared,
+             "load_seconds": round(e.load_seconds, 3),
              "invocations": e.invocations, "model_dir": str(e.cached.model_dir)}
             for e in self._loaded.values()
         ]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from botocore.config import Config
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from tests.benchmarks.bench_front import free_port, wait_for  # noqa: E402
+from tests.benchmarks.bench_front import free_port, tree_environment, wait_for  # noqa: E402
 from tests.serving.python_models import echo_request, write_echo_tarball  # noqa: E402
 
 
@@ -71,15 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     slow = [f"slow-{i}.tar.gz" for i in range(args.rounds + 3)]
     for target in slow:
         write_echo_tarball(models, target, load_s=args.load_s)
-    env = dict(os.environ)
-    if args.tree:
-        env["PYTHONPATH"] = os.pathsep.join([str(args.tree.resolve()), env.get("PYTHONPATH", "")])
     port = free_port()
     serve = [sys.executable, "-m", "mme", "-q", "serve", "--models", str(models), "--port", str(port),
              "--server", "local"]
-    if args.tree is None:
-        serve.append("--allow-unsigned")  # not needed by boto3 (it signs); shows the flag exists
-    server = subprocess.Popen(serve, env=env, cwd=args.tree or ROOT)
+    server = subprocess.Popen(serve, **tree_environment(args.tree))
     result: dict = {"load_s": args.load_s, "tree": str(args.tree or ROOT)}
     try:
         url = f"http://127.0.0.1:{port}"
