@@ -13,7 +13,7 @@ ARGS ?=
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-gpu package demo test test-gpu bench-package bench-client-cost bench-front bench-cold-start bench-churn bench-crash clean lock
+.PHONY: help install install-gpu package demo test test-gpu bench-package bench-client-cost bench-front bench-cold-start bench-churn bench-crash bench-thrash bench-bomb clean lock
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -61,6 +61,12 @@ bench-churn: $(STAMP) ## warm latency while other models load, and two cold load
 
 bench-crash: $(STAMP) ## time to first success after a model worker and then Triton are killed under load, on the local MME
 	$(BIN)/python tests/benchmarks/bench_crash_recovery.py
+
+bench-thrash: $(STAMP) ## requests/s when 6 copies of MODEL share a memory limit that holds 2, on the local MME
+	$(BIN)/python tests/benchmarks/bench_thrash.py $(OUT)/$(MODEL)/cpu-local
+
+bench-bomb: $(STAMP) ## peak disk written while a gzip bomb under the size cap is refused
+	$(BIN)/python tests/benchmarks/bench_bomb.py
 
 lock: ## regenerate constraints.txt from a fresh resolve of pyproject.toml
 	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock

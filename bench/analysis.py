@@ -35,7 +35,7 @@ import math
 from collections import Counter
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -52,6 +52,7 @@ from bench.results import (
     read_stages,
 )
 from mme.errors import MmeError
+from mme.stats import percentile
 from mme.fsutil import write_bytes_atomic, write_json_atomic
 
 SUMMARY_SCHEMA_VERSION = 1
@@ -184,14 +185,6 @@ class RunSummary:
 
 
 # -- statistics ---------------------------------------------------------------------------
-
-
-def percentile(values: Iterable[float], q: float) -> float | None:
-    """Exact q-th percentile (0..100) by linear interpolation (see the module docstring)."""
-    arr = values if isinstance(values, np.ndarray) else np.asarray(list(values), dtype=float)
-    if arr.size == 0:
-        return None
-    return float(np.percentile(arr, q, method="linear"))
 
 
 def _rate(count: int, duration: float) -> float | None:
@@ -329,9 +322,10 @@ def _read_run_info(run_dir: Path) -> RunInfo:
 
 
 def _read_endpoint_snapshots(run_dir: Path, warnings: list[str]) -> dict[int, dict]:
-    """Stage index -> the last snapshot recorded at that stage's end (stage -1: a baseline
-    taken before the first stage, when the generator wrote one). Unreadable lines (an
-    interrupted write) are skipped with a warning rather than failing the whole report."""
+    """Stage index -> the snapshot that closes the stage: the one taken at its end, else (the
+    endpoint stopped answering before the stage ended) the last one taken within it. Stage -1:
+    the baseline taken before the first stage. Unreadable lines (an interrupted write) are
+    skipped with a warning rather than failing the whole report."""
     path = run_dir / ENDPOINT_METRICS_FILE
     if not path.exists():
         return {}
@@ -341,6 +335,7 @@ def _read_endpoint_snapshots(run_dir: Path, warnings: list[str]) -> dict[int, di
         warnings.append(f"{ENDPOINT_METRICS_FILE} unreadable ({_reason(exc)}): endpoint metrics left out")
         return {}
     snapshots: dict[int, dict] = {}
+    ended_stages: set[int] = set()
     for number, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
             continue
@@ -353,7 +348,11 @@ def _read_endpoint_snapshots(run_dir: Path, warnings: list[str]) -> dict[int, di
         except (ValueError, KeyError, TypeError) as exc:
             warnings.append(f"{ENDPOINT_METRICS_FILE} line {number} unreadable ({_reason(exc)}): skipped")
             continue
-        snapshots[stage] = snapshot
+        ended = entry.get("at", "end") == "end"
+        if ended or stage not in ended_stages:
+            snapshots[stage] = snapshot
+        if ended:
+            ended_stages.add(stage)
     return snapshots
 
 

@@ -116,6 +116,9 @@ def register_bench(subparsers) -> None:
     stop.add_argument("--run-id", help="name of the run directory (default: <UTC time>-<model or endpoint>)")
     stop.add_argument("--progress-interval", type=positive_float, default=5.0, metavar="S",
                       help="seconds between progress lines on stderr (default: 5)")
+    stop.add_argument("--metrics-interval", type=positive_float, default=10.0, metavar="S",
+                      help="seconds between snapshots of the endpoint's metrics within a stage, where it serves "
+                           "/metrics.json (also one before the run and one at each stage end; default: 10)")
     p.set_defaults(func=run_bench)
 
 
@@ -193,7 +196,7 @@ def build_config(args: argparse.Namespace, run_id: str, run_dir: Path):
         max_inflight=args.max_inflight, content_type=payload.content_type, accept=args.accept or None,
         payload_b64=base64.b64encode(payload.body).decode(), payload_source=payload.source,
         stop_on_failure=args.stop_on_failure, max_p95_ms=args.max_p95_ms, timeout_s=args.timeout,
-        progress_interval_s=args.progress_interval, quiet=args.quiet, credentials_note=credentials_note, seed=args.seed,
+        progress_interval_s=args.progress_interval, metrics_interval_s=args.metrics_interval, quiet=args.quiet, credentials_note=credentials_note, seed=args.seed,
     )
 
 

@@ -21,6 +21,7 @@ from typing import Callable
 import psutil
 
 from bench.results import RequestRecord, RequestWriter, StageRecord
+from mme.stats import percentile
 
 CPU_SAMPLE_S = 0.5
 SATURATION_PERCENT = 90.0
@@ -82,14 +83,6 @@ class Recorder:
             self.sample_cpu()
 
 
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of already sorted values; 0.0 when empty."""
-    if not sorted_values:
-        return 0.0
-    rank = max(1, -(-len(sorted_values) * q // 100))
-    return sorted_values[int(rank) - 1]
-
-
 @dataclass
 class StageStats:
     requests: int = 0
@@ -97,8 +90,8 @@ class StageStats:
     latencies_ok: list[float] = field(default_factory=list)
     peak_users: int = 0
 
-    def p(self, q: float) -> float:
-        return percentile(sorted(self.latencies_ok), q)
+    def p(self, q: float) -> float | None:
+        return percentile(self.latencies_ok, q)
 
 
 @dataclass

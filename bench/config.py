@@ -54,6 +54,7 @@ class BenchConfig:
     quiet: bool
     credentials_note: str
     seed: int | None = None
+    metrics_interval_s: float = 10.0  # endpoint-metrics snapshots within a stage, where the endpoint has them
 
     @property
     def address(self) -> EndpointAddress:

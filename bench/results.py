@@ -7,7 +7,8 @@ A run directory holds::
     run.json                 RunInfo: what was tested and how (schema-versioned)
     requests.csv             one row per request (REQUEST_FIELDS), exact latencies
     stages.csv               one row per load stage (StageRecord): timing, users, generator CPU
-    endpoint_metrics.jsonl   where the endpoint exposes /metrics.json: one snapshot per stage end
+    endpoint_metrics.jsonl   where the endpoint exposes /metrics.json: a baseline before the first stage,
+                             one every 10 s within a stage and one at each stage end
     locust_stats.csv, locust_stats_history.csv, locust_failures.csv   Locust's own CSVs
     summary.csv, summary.json, report.html, report.md, *.png          written by the analysis/report
 
@@ -146,9 +147,12 @@ def read_stages(run_dir: Path) -> list[StageRecord]:
         ]
 
 
-def append_endpoint_metrics(run_dir: Path, stage: int, t: float, snapshot: dict) -> None:
+def append_endpoint_metrics(run_dir: Path, stage: int, t: float, snapshot: dict, at: str = "end") -> None:
+    """One line: ``stage`` (-1 before the first), run time ``t`` and when within the stage
+    (``at``: start, during or end). Appended and flushed at once, so a run that dies keeps
+    every snapshot taken before."""
     with open(run_dir / ENDPOINT_METRICS_FILE, "a") as fh:
-        fh.write(json.dumps({"stage": stage, "t": round(t, 3), "snapshot": snapshot}) + "\n")
+        fh.write(json.dumps({"stage": stage, "t": round(t, 3), "at": at, "snapshot": snapshot}) + "\n")
 
 
 def read_endpoint_metrics(run_dir: Path) -> list[dict]:

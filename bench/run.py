@@ -33,10 +33,11 @@ from locust.runners import WORKER_REPORT_INTERVAL  # noqa: E402
 from locust.stats import PERCENTILES_TO_REPORT, StatsCSV, StatsCSVFileWriter  # noqa: E402
 
 from bench import results  # noqa: E402
-from bench.collect import SATURATION_PERCENT, Collector, Recorder, percentile  # noqa: E402
+from bench.collect import SATURATION_PERCENT, Collector, Recorder  # noqa: E402
 from bench.config import BenchConfig  # noqa: E402
 from bench.distributed import MasterLink, setup_logging  # noqa: E402
 from bench.endpoint import fetch_metrics  # noqa: E402
+from mme.stats import percentile  # noqa: E402
 from bench.shapes import shape_for  # noqa: E402
 from bench.users import STATE, BenchUser  # noqa: E402
 from mme.errors import MmeError  # noqa: E402
@@ -157,18 +158,22 @@ class BenchRun:
             self.collector.add(self.recorder.worker, records)
             self.collector.add_cpu(cpu)
 
-    def _snapshot(self, stage: int) -> None:
+    def _snapshot(self, stage: int, at: str) -> None:
         t = time.time() - self.collector.t0_wall
         snapshot = fetch_metrics(self.config.endpoint_url, METRICS_TIMEOUT_S)
         if snapshot is None:
             self.extra["endpoint_metrics_missed"] = self.extra.get("endpoint_metrics_missed", 0) + 1
             return
         self.last_snapshot = snapshot
-        results.append_endpoint_metrics(self.run_dir, stage, t, snapshot)
+        results.append_endpoint_metrics(self.run_dir, stage, t, snapshot, at=at)
+
+    def _take_snapshot(self, stage: int, at: str) -> None:
+        if self.metrics_enabled:
+            self._snapshots = [g for g in self._snapshots if not g.ready()]
+            self._snapshots.append(gevent.spawn(self._snapshot, stage, at))
 
     def _stage_ended(self, stage: int, t: float) -> None:
-        if self.metrics_enabled:
-            self._snapshots.append(gevent.spawn(self._snapshot, stage))
+        self._take_snapshot(stage, "end")
         self._write_stages(t)
         lag = LOCAL_DRAIN_S + 0.1 if self.link is None else WORKER_REPORT_INTERVAL + 0.5
         self._reports.append(gevent.spawn_later(lag, self._stage_report, stage, True))
@@ -185,13 +190,13 @@ class BenchRun:
         end_t = span.end_t if span.end_t is not None else span.start_t
         duration = max(end_t - span.start_t, 1e-9)
         ok = sorted(stats.latencies_ok)
-        p95 = percentile(ok, 95)
+        p95 = percentile(ok, 95) or 0.0  # linear, as `mme report` computes it
         cpu = self.collector.stage_records(self.plan.open_loop, end_t)
         cpu_max = next((r.generator_cpu_max for r in cpu if r.stage == stage), 0.0)
         users = stats.peak_users if self.plan.open_loop else span.users
         self.reporter.info(
             f"  stage {stage + 1}/{len(self.plan.stages)} done  {span.start_t:6.1f}-{end_t:6.1f} s  users {users:4d}  "
-            f"{stats.requests:6d} req  {stats.requests / duration:7.1f} req/s  p50 {percentile(ok, 50):7.1f} ms  "
+            f"{stats.requests:6d} req  {stats.requests / duration:7.1f} req/s  p50 {percentile(ok, 50) or 0.0:7.1f} ms  "
             f"p95 {p95:7.1f} ms  failures {stats.failures}  generator cpu max {cpu_max:.0f}%"
             + ("  SATURATED" if cpu_max > SATURATION_PERCENT else ""))
         limit = self.config.max_p95_ms
@@ -209,7 +214,7 @@ class BenchRun:
         label = f"in flight {max((r.users for r in window), default=0)}" if self.plan.open_loop else f"users {users}"
         self.reporter.info(
             f"  [{run_time:6.1f} s] stage {stage + 1}/{len(self.plan.stages)}  {label}  "
-            f"{len(window) / max(elapsed, 1e-9):7.1f} req/s  p95 {percentile(ok, 95):7.1f} ms  failures {failures}  "
+            f"{len(window) / max(elapsed, 1e-9):7.1f} req/s  p95 {percentile(ok, 95) or 0.0:7.1f} ms  failures {failures}  "
             f"cpu {max(recent_cpu, default=0.0):.0f}%")
 
     def _write_stages(self, now_t: float) -> None:
@@ -268,14 +273,18 @@ class BenchRun:
         self._run_info(ended=False).write(self.run_dir)
         try:
             runner = self._create_runner()
+            baseline = None
             if config.custom_url:
-                self.metrics_enabled = fetch_metrics(config.endpoint_url, METRICS_TIMEOUT_S) is not None
-            self._drive(runner)
+                baseline = fetch_metrics(config.endpoint_url, METRICS_TIMEOUT_S), time.time()
+                self.metrics_enabled = baseline[0] is not None
+            self._drive(runner, baseline if self.metrics_enabled else None)
         finally:
             self._finish(self.runner)
         return 0
 
-    def _drive(self, runner) -> None:
+    def _drive(self, runner, baseline: tuple[dict, float] | None = None) -> None:
+        """Run the plan. ``baseline``: the endpoint's metrics and the wall time they were taken,
+        before the first stage (saved as stage -1, so the first stage's counts are its own)."""
         if self.stop_reason is not None:
             return
         plan, config = self.plan, self.config
@@ -289,11 +298,17 @@ class BenchRun:
                                    on_failure=self._on_failure)
         if self.link is not None:
             self.link.collector = self.collector
+        if baseline is not None:
+            self.last_snapshot = baseline[0]
+            results.append_endpoint_metrics(self.run_dir, -1, baseline[1] - t0_wall, baseline[0], at="start")
         mode = f"{config.mode}-model, {len(config.targets)} target(s) {config.distribution}" if config.targets else "single model"
         self.reporter.info(f"==> bench {config.run_id}: {config.endpoint} at {config.endpoint_url} ({mode}); shape "
                            f"{config.shape} {plan.duration_s:g} s; client {config.client}; {config.generators} generator(s)")
         stage, last_tick = None, None
         next_drain, next_progress, last_progress = 0.0, config.progress_interval_s, 0.0
+        # Endpoint metrics within a stage too, so an endpoint that dies mid-run still leaves
+        # figures up to its last good snapshot.
+        next_snapshot = config.metrics_interval_s
         while self.stop_reason is None:
             run_time = shape.get_run_time()
             tick = shape.tick()
@@ -318,6 +333,9 @@ class BenchRun:
                 self._drain_local()
                 self.collector.flush()
                 next_drain = run_time + LOCAL_DRAIN_S
+            if run_time >= next_snapshot:
+                self._take_snapshot(stage, "during")
+                next_snapshot = run_time + config.metrics_interval_s
             if run_time >= next_progress:
                 self._progress(run_time, stage, runner, run_time - last_progress)
                 last_progress, next_progress = run_time, run_time + config.progress_interval_s
@@ -387,7 +405,7 @@ class BenchRun:
         duration = max(self._stop_t, 1e-9)
         self.reporter.info(
             f"==> {self.stop_reason} after {duration:.1f} s: {total.requests} requests, {total.failures} failed; "
-            f"p50 {percentile(ok, 50):.1f} ms, p95 {percentile(ok, 95):.1f} ms, p99 {percentile(ok, 99):.1f} ms; "
+            f"p50 {percentile(ok, 50) or 0.0:.1f} ms, p95 {percentile(ok, 95) or 0.0:.1f} ms, p99 {percentile(ok, 99) or 0.0:.1f} ms; "
             f"{total.requests / duration:.1f} req/s")
         if self.plan.open_loop:
             counts = self._open_loop_counts()

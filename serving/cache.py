@@ -23,8 +23,12 @@ the storage volume" (https://docs.aws.amazon.com/sagemaker/latest/dg/how-multi-m
 used first, never one that ``in_use(target)`` reports (loaded or loading in the container, which
 reads its files, lazily for a python-backend model), nor one being fetched. When nothing else can
 go, the new copy is kept anyway and the overrun is counted (``stats.over_limit``): the request
-does not fail. A use is a fetch (hit or download) or :meth:`ModelCache.touch`; its time is kept
-as the mtime of the entry's ``entry.json``, so LRU order survives a restart. ``usage_bytes()``
+does not fail. What a single model may unpack to is bounded, though: an extraction stops as soon
+as its files would pass the whole disk limit (such a model could never fit) or the filesystem's
+free space less a reserve, before writing the rest (``ExceedsDiskBudget``). A tarball that reads
+as truncated while the source now reports another size or version was caught half-written: that
+is :class:`ArtifactChanged` (retryable), not corrupt. A use is a fetch (hit or download) or
+:meth:`ModelCache.touch`; its time is kept as the mtime of the entry's ``entry.json``, so LRU order survives a restart. ``usage_bytes()``
 (entries only, not downloads in progress) is kept as entries come and go: each entry's allocated
 size, as ``du`` counts it, is measured once when it is extracted and recorded in ``entry.json``.
 """
@@ -48,14 +52,16 @@ from pathlib import Path
 
 from mme.errors import MmeError
 from mme.fsutil import write_json_atomic
-from serving.extract import ExtractLimits, extract_model_tarball
-from serving.store import ModelSource, ObjectInfo, validate_target_name
+from serving.extract import CorruptArtifact, DiskBudget, ExtractLimits, extract_model_tarball
+from serving.store import ArtifactChanged, ModelSource, ObjectInfo, StoreError, validate_target_name
 
 ENTRY_FILE = "entry.json"
 MODEL_DIR = "model"
 _KEY = re.compile(r"\A[0-9a-f]{32}\Z")  # cache_key(); other names under root are left alone
 _TEMP_PREFIXES = (".download-", f".{MODEL_DIR}.extract-", f".{MODEL_DIR}.staging-", f".{MODEL_DIR}.old-")
 _DISK_BYTES = "disk_bytes"  # entry.json: allocated bytes of model/, measured when it was extracted
+# Free space an extraction leaves on the cache's filesystem (logs, Triton's own files, other writers).
+FREE_SPACE_RESERVE_BYTES = 256 * 2**20
 _log = logging.getLogger(__name__)
 
 
@@ -352,7 +358,12 @@ class ModelCache:
             download_s = time.perf_counter() - start
             with self._lock:
                 self._downloads += 1
-            extracted = extract_model_tarball(tarball, entry_dir / MODEL_DIR, self.limits, name=info.location)
+            try:
+                extracted = extract_model_tarball(tarball, entry_dir / MODEL_DIR, self.limits, name=info.location,
+                                                  budget=self._extraction_budget())
+            except CorruptArtifact as exc:
+                self._raise_if_changed(target, info, exc)
+                raise
             cached = CachedModel(
                 target=target, model_dir=extracted.root, tarball_bytes=info.size, sha256=extracted.sha256,
                 download_seconds=round(download_s, 6), extract_seconds=round(extracted.seconds, 6),
@@ -368,6 +379,29 @@ class ModelCache:
                 tarball.unlink()
             if not (entry_dir / ENTRY_FILE).exists():  # nothing was cached before: leave nothing
                 shutil.rmtree(entry_dir, ignore_errors=True)
+
+    def _extraction_budget(self) -> DiskBudget:
+        """What one extraction may write: never more than the whole disk limit (such a model could
+        never be cached within it), nor more than the filesystem has free, less a reserve."""
+        free = shutil.disk_usage(self.root).free - FREE_SPACE_RESERVE_BYTES
+        if self.disk_limit_bytes is not None and self.disk_limit_bytes <= free:
+            return DiskBudget(self.disk_limit_bytes, f"the model cache's disk limit ({self.disk_limit_bytes:,} bytes; "
+                                                      "raise it with mme serve --disk-limit)")
+        return DiskBudget(max(0, free), f"the free space of {self.root}'s filesystem (less a "
+                                        f"{FREE_SPACE_RESERVE_BYTES // 2**20} MiB reserve; free some space)")
+
+    def _raise_if_changed(self, target: str, downloaded: ObjectInfo, exc: Exception) -> None:
+        """A tarball that reads as truncated may have been caught while it was written: if the source
+        now reports another size or version, say so (retryable) instead of calling it corrupt."""
+        try:
+            now = self.source.stat(target)
+        except StoreError:
+            return
+        if (now.size, now.version) != (downloaded.size, downloaded.version):
+            raise ArtifactChanged(
+                f"{downloaded.location} changed while it was read ({downloaded.size:,} bytes then, {now.size:,} now) "
+                "and what was read is incomplete; it is probably still being written: retry once it is complete"
+            ) from exc
 
     def _recover(self) -> None:
         """Load entries left by an earlier run (with their sizes and last uses); remove temp files and incomplete entries."""

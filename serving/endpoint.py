@@ -32,6 +32,7 @@ import aiohttp
 import psutil
 import requests
 
+from mme.errors import with_retry_advice
 from mme.progress import Reporter
 from serving import errors_sagemaker as sm
 from serving.cache import CachedModel, ModelCache, cache_key
@@ -53,6 +54,7 @@ MAX_PAYLOAD_BYTES = 6_291_456  # InvokeEndpoint's real-time limit
 MAX_ATTEMPTS = 4  # loads (or a container restart) one request may wait for
 # Triton's python backend answers this for a model whose stub process died (OOM killer, crash).
 DEAD_WORKER_MARKERS = (b"Stub process", b"is not healthy")
+EVICT_UNLOAD_TIMEOUT_S = 30.0  # an eviction's unload past this restarts the server (measured: 2 s each)
 DEAD_UNLOAD_TIMEOUT_S = 5.0  # then the server is restarted (see _drop_dead_model)
 SAGEMAKER_TIMEOUT_S = 60.0  # both of SageMaker's 60-second rules
 
@@ -103,6 +105,7 @@ class LoadTimedOut(Exception):
     """The container did not finish loading a model within the load timeout."""
 
     sagemaker_error = "InternalFailure"
+    retryable = True  # the container's load goes on; a later request finds it loaded
 
 
 class EndpointClosing(Exception):
@@ -138,13 +141,18 @@ class MultiModelEndpoint:
         self._closing = False
         self._room_waiters = 0  # loads waiting for room (then an idle model notifies them)
         self._over_threshold: set[str] = set()  # loads admitted with no way to make room
-        self._footprints: dict[str, int] = {}  # last measured footprint per target
+        # Footprint per target: the last clean measurement (no other load or unload alongside);
+        # a measurement disturbed by others only ever raises it.
+        self._footprints: dict[str, int] = {}
+        self._evictions: dict[str, int] = {}  # models being evicted -> bytes expected to leave
+        self._eviction_tasks: set[asyncio.Task] = set()
+        self._unloads_done = 0  # unloads finished, to tell whether one ran during a measurement
         self.abandoned_loads = 0  # loads still running when the shutdown began
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
         self._forwarder = Forwarder(self.server.sagemaker_url, self.config.invocation_timeout_s,
-                                    loads_in_flight=lambda: len(self._loading))
+                                    loads_in_flight=lambda: len(self._loading), on_idle=lambda _: self._model_idle())
         self._record_memory()
 
     def begin_shutdown(self) -> None:
@@ -209,7 +217,7 @@ class MultiModelEndpoint:
         try:
             target = validate_target_name(target)
         except InvalidTargetName as exc:
-            return sm.validation_error(str(exc)), 0.0, 0.0, None
+            return sm.validation_error(with_retry_advice(exc)), 0.0, 0.0, None
         if len(body) > self.config.max_payload_bytes:
             return sm.payload_too_large(self.config.max_payload_bytes), 0.0, 0.0, None
         deadline = start + self.config.model_wait_timeout_s
@@ -245,7 +253,7 @@ class MultiModelEndpoint:
                     restarted = True  # retried once on the restarted server
                     await self._recover()
                     continue
-                return sm.service_unavailable(f"The serving container did not answer: {exc}"), 0.0, wait_s, hit
+                return sm.service_unavailable(f"The serving container did not answer: {exc}. Retrying can help."), 0.0, wait_s, hit
             finally:
                 entry.inflight -= 1
                 if not entry.inflight:
@@ -310,7 +318,8 @@ class MultiModelEndpoint:
         while True:
             await self._server_ready.wait()  # a load during a restart would only fail
             reserved = await self._admit(target)
-            overlapped = self._active_loads > 1
+            overlapped = self._active_loads > 1 or bool(self._unloading)
+            unloads_before = self._unloads_done
             before = self.memory_probe()
             started = time.perf_counter()
             try:
@@ -319,9 +328,10 @@ class MultiModelEndpoint:
                 pass  # the container kept it (e.g. across a front restart): serve it as loaded
             except ContainerOutOfMemory as exc:
                 async with self._room:
-                    evicted = await self._evict_one()
-                if not evicted:
+                    eviction = self._start_eviction()
+                if eviction is None:
                     raise LoadFailed(507, exc.body) from None
+                await eviction
                 continue
             except ModelLoadFailed as exc:
                 self._report_load_failure(target, exc)
@@ -333,24 +343,30 @@ class MultiModelEndpoint:
                 await self._recover()
                 continue
             finally:
-                overlapped = overlapped or self._active_loads > 1
+                overlapped = overlapped or self._active_loads > 1 or bool(self._unloading)
                 await self._release(reserved)
             load_s = time.perf_counter() - started
             footprint = max(0, self.memory_probe() - before)
+            overlapped = overlapped or self._unloads_done != unloads_before
             workers = await asyncio.to_thread(self._worker_processes, target)
             self._loaded[target] = LoadedEntry(target, cached, footprint, load_s, footprint_shared=overlapped,
                                                workers=workers)
-            self._footprints[target] = footprint
+            # Memory freed by an unload alongside would make this one look small, and a small
+            # estimate lets too many loads in at once: a disturbed measurement never lowers it.
+            self._footprints[target] = max(footprint, self._footprints.get(target, 0)) if overlapped else footprint
             fresh = not cached.cache_hit
             self.metrics.model_loaded(load_s, cached.download_seconds if fresh else None,
                                       cached.extract_seconds if fresh else None)
             used = self._record_memory()
-            if target in self._over_threshold or used > self.config.memory_threshold * self.limit:
-                self._over_threshold.discard(target)
+            no_room = target in self._over_threshold
+            self._over_threshold.discard(target)
+            if used > self.config.memory_threshold * self.limit:
                 self.metrics.load_above_threshold()
+                why = ("nothing idle was left to unload" if no_room else
+                       "it needed more than the largest footprint measured so far")
                 self.reporter.warn(
                     f"{target} loaded with memory at {100 * used / self.limit:.0f}% of the limit, above the "
-                    f"{100 * self.config.memory_threshold:.0f}% threshold: nothing idle was left to unload "
+                    f"{100 * self.config.memory_threshold:.0f}% threshold: {why} "
                     "(fewer copies, a larger --memory-limit, or a lower load per model avoid it)"
                 )
             self.reporter.info(
@@ -377,9 +393,9 @@ class MultiModelEndpoint:
                 if target in self._unloading:  # its old copy is still leaving the container
                     await self._wait_for_room()
                     continue
-                fits = await self._make_room()
-                busy = any(e.inflight for e in self._loaded.values())
-                if fits or (self._active_loads == 0 and not busy):
+                fits = self._make_room()
+                busy = any(self._busy(t, e) for t, e in self._loaded.items())
+                if fits or (self._active_loads == 0 and not busy and not self._evictions):
                     if not fits:
                         self._over_threshold.add(target)
                     reserved = self._estimate_footprint()
@@ -473,33 +489,62 @@ class MultiModelEndpoint:
         """The largest footprint measured (kept across restarts, so copies reload in parallel)."""
         return max(self._footprints.values(), default=0)
 
-    async def _make_room(self) -> bool:
-        """Unload idle models until a load's estimate fits under the threshold beside the loads
-        under way; False when it does not fit, or nothing is known to estimate with while
-        other loads run (call with the room condition held)."""
+    def _make_room(self) -> bool:
+        """Whether a load's estimate fits under the threshold beside what is used, reserved by the
+        loads under way and not already leaving; when it does not, start evicting idle models (least
+        recently used first) until it would, and answer False: the caller waits, and an eviction
+        that finishes wakes it. Never waits itself, so evictions run in parallel and outside the
+        room lock (call with it held)."""
         if not self._footprints and self._active_loads:
             return False  # no footprint measured yet: one load at a time until there is
         budget = self.config.memory_threshold * self.limit
-        while self.memory_probe() + self._reserved_bytes + self._estimate_footprint() > budget:
-            if not self._loaded or not await self._evict_one():
-                return False
-        return True
+        over = self.memory_probe() + self._reserved_bytes + self._estimate_footprint() - budget
+        while over - sum(self._evictions.values()) > 0 and self._start_eviction() is not None:
+            pass
+        return over <= 0
 
-    async def _evict_one(self) -> bool:
-        """Unload the least recently used model with no request in flight; False when every
-        loaded model is serving (then the load goes ahead and the container has the last word).
+    def _start_eviction(self) -> asyncio.Task | None:
+        """Take the least recently used idle model out of the table and start unloading it (the
+        task); None when every loaded model is serving. Prefers models that served since their
+        load, so a fresh copy is not evicted before the request that asked for it reaches it.
         Call with the room lock held."""
-        victim = next((t for t, e in self._loaded.items() if e.inflight == 0), None)
-        if victim is None:
-            return False
-        # Out of the table first: a request for it from now on loads it again instead of
-        # reaching a model being unloaded.
+        idle = [(t, e) for t, e in self._loaded.items() if not self._busy(t, e)]
+        if not idle:
+            return None
+        victim, entry = next(((t, e) for t, e in idle if e.invocations), idle[0])
+        # Out of the table first: a request for it from now on loads it again (after the
+        # unload: it is "unloading" until then) instead of reaching a model being unloaded.
         del self._loaded[victim]
-        unload_s = await self._container_unload(victim)
+        self._unloading.add(victim)
+        self._evictions[victim] = max(entry.footprint_bytes, self._footprints.get(victim, 0))  # bytes to leave
+        task = asyncio.get_running_loop().create_task(self._evict(victim), name=f"evict {victim}")
+        self._eviction_tasks.add(task)  # the loop keeps only weak references to tasks
+        task.add_done_callback(self._eviction_tasks.discard)
+        return task
+
+    def _busy(self, target: str, entry: LoadedEntry) -> bool:
+        """Requests in flight through the front, or still running in the container (a slower
+        hedged copy): such a model is never unloaded."""
+        return bool(entry.inflight) or (self._forwarder is not None and self._forwarder.outstanding(target) > 0)
+
+    async def _evict(self, victim: str) -> None:
+        """Unload an evicted model, then wake the loads waiting for room. An unload that does not
+        finish in EVICT_UNLOAD_TIMEOUT_S gets the server restarted: waiting for it would hold every
+        load that needs its room."""
+        try:
+            unload_s = await self._container_unload(victim, timeout_s=EVICT_UNLOAD_TIMEOUT_S)
+        except requests.RequestException as exc:
+            self.reporter.warn(f"Triton did not unload {victim} within {EVICT_UNLOAD_TIMEOUT_S:g} s "
+                               f"({type(exc).__name__}); restarting it, models reload on demand")
+            await self._recover(force=True)
+            return
+        finally:
+            async with self._room:
+                self._evictions.pop(victim, None)
+                self._room.notify_all()
         self.metrics.model_unloaded(unload_s, evicted=True)
         used = self._record_memory()
         self.reporter.info(f"  evicted {victim} (least recently used) in {unload_s:.2f} s; {used / 2**20:.0f} MiB used")
-        return True
 
     async def _container_unload(self, target: str, timeout_s: float | None = None) -> float:
         started = time.perf_counter()
@@ -514,6 +559,7 @@ class MultiModelEndpoint:
             await asyncio.to_thread(unload)
         finally:
             self._unloading.discard(target)
+            self._unloads_done += 1
         self.cache.touch(target)  # last used when it stopped serving, not when it was loaded
         return time.perf_counter() - started
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from mme.errors import with_retry_advice
+
 SERVICE = "sagemaker-runtime"
 OPERATION = "InvokeEndpoint"
 # The namespace AWS puts after the code in x-amzn-ErrorType; botocore keeps only the code.
@@ -194,11 +196,12 @@ def invocation_timed_out(*, endpoint_name: str, region: str = "us-east-1", accou
 
 
 def reply_for_exception(exc: BaseException, *, request_id: str | None = None) -> HttpReply:
-    """Map a serving error (its ``sagemaker_error`` attribute) to its reply; anything else is InternalFailure."""
+    """Map a serving error (its ``sagemaker_error`` attribute) to its reply; anything else is
+    InternalFailure. The message ends by saying whether retrying can help (``retryable``)."""
     code = getattr(exc, "sagemaker_error", "InternalFailure")
     if code not in invoke_endpoint_errors() or code == "ModelError":
         code = "InternalFailure"
-    return error_reply(code, str(exc), request_id=request_id)
+    return error_reply(code, with_retry_advice(exc), request_id=request_id)
 
 
 def invocation_reply(

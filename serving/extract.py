@@ -48,6 +48,7 @@ class ArtifactError(MmeError):
     """A model tarball was refused; nothing was extracted."""
 
     sagemaker_error = "ValidationError"
+    retryable = False  # the tarball must be fixed (or the limit raised) first
 
 
 class CorruptArtifact(ArtifactError):
@@ -60,6 +61,20 @@ class UnsafeArtifact(ArtifactError):
 
 class ArtifactTooLarge(ArtifactError):
     """More bytes or members than the configured limits."""
+
+
+class ExceedsDiskBudget(ArtifactTooLarge):
+    """The files would pass the disk budget given to the extraction (the cache's disk limit, or the
+    free space of its filesystem); extraction stopped there."""
+
+
+@dataclass(frozen=True)
+class DiskBudget:
+    """At most ``bytes`` of file contents may be written; ``why`` says where the bound comes from
+    and how to raise it, for the message (``"the disk limit (mme serve --disk-limit)"``)."""
+
+    bytes: int
+    why: str
 
 
 class TooManyMembers(ArtifactTooLarge):
@@ -152,9 +167,11 @@ def _check_member(member: tarfile.TarInfo, seen: dict[str, bool], limits: Extrac
     return norm
 
 
-def _unpack(tarball: Path, into: Path, limits: ExtractLimits, name: str) -> tuple[int, int, int, str]:
+def _unpack(tarball: Path, into: Path, limits: ExtractLimits, name: str,
+            budget: DiskBudget | None = None) -> tuple[int, int, int, str]:
     """Stream-extract into ``into``; return (members, uncompressed file bytes, tarball bytes, sha256).
-    ``name`` is how messages call the tarball (the object it came from)."""
+    ``name`` is how messages call the tarball (the object it came from). Every bound is checked
+    from the member's header, before its data is written."""
     members = total = 0
     seen: dict[str, bool] = {".": True}  # normalised name -> is a directory
     compressed = max(1, tarball.stat().st_size)
@@ -178,6 +195,11 @@ def _unpack(tarball: Path, into: Path, limits: ExtractLimits, name: str) -> tupl
                             if total > limits.max_total_bytes:
                                 raise ArtifactTooLarge(
                                     f"{name} unpacks to more than {limits.max_total_bytes:,} bytes; raise max_total_bytes if the model really is that large"
+                                )
+                            if budget is not None and total > budget.bytes:
+                                raise ExceedsDiskBudget(
+                                    f"{name} unpacks to more than the {budget.bytes:,} bytes {budget.why} leaves for it; "
+                                    "extraction stopped there"
                                 )
                             if total > limits.ratio_floor_bytes and total > limits.max_ratio * compressed:
                                 raise ArtifactTooLarge(
@@ -239,10 +261,11 @@ def check_layout(root: Path, tarball_name: str = "tarball") -> tuple[str, tuple[
 
 
 def extract_model_tarball(tarball: Path, dest: Path, limits: ExtractLimits = ExtractLimits(), *,
-                          name: str | None = None) -> ExtractedModel:
+                          name: str | None = None, budget: DiskBudget | None = None) -> ExtractedModel:
     """Verify ``tarball`` and unpack it to ``dest`` (replacing it), or raise an ArtifactError leaving
     ``dest`` as it was. ``name`` (default: the file's name) is how errors call it: the object it
-    was downloaded from, e.g. ``s3://bucket/key``, not a temporary file."""
+    was downloaded from, e.g. ``s3://bucket/key``, not a temporary file. ``budget`` stops the
+    extraction as soon as the files would pass it (ExceedsDiskBudget), before writing the rest."""
     start = time.perf_counter()
     tarball, dest = Path(tarball), Path(dest)
     name = name or tarball.name
@@ -251,7 +274,7 @@ def extract_model_tarball(tarball: Path, dest: Path, limits: ExtractLimits = Ext
     try:
         unpacked = staging / "unpacked"
         unpacked.mkdir()
-        members, total, size, sha = _unpack(tarball, unpacked, limits, name)
+        members, total, size, sha = _unpack(tarball, unpacked, limits, name, budget)
         layout, models = check_layout(unpacked, name)
         if layout == "root-config":
             wrapped = staging / "wrapped"

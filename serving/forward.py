@@ -13,11 +13,19 @@ and one that has not answered after a few times its model's usual latency is sen
 another new connection (the first answer wins; the duplicate's work is wasted, which is
 cheaper than a request stuck behind a load). With no load in flight, invocations use kept-alive
 connections and are never duplicated.
+
+The slower copy is not cancelled: closing its connection would not stop Triton from running it,
+and a model must not be unloaded while Triton still runs a request of it (measured with the
+wheel's 2.51: an UNLOAD sent while a python-backend model executes a request never completes).
+So the copy runs to its answer in the background, and :meth:`Forwarder.outstanding` counts every
+request of a target that the container may still be running; ``on_idle(target)`` is called when
+that count drops to zero.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from typing import Callable, Mapping
 
 import aiohttp
@@ -38,10 +46,14 @@ Reply = tuple[int, Mapping[str, str], bytes]
 
 
 class Forwarder:
-    def __init__(self, base_url: str, timeout_s: float, *, loads_in_flight: Callable[[], int]) -> None:
+    def __init__(self, base_url: str, timeout_s: float, *, loads_in_flight: Callable[[], int],
+                 on_idle: Callable[[str], None] | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self._loads_in_flight = loads_in_flight
+        self._on_idle = on_idle
+        self._outstanding: Counter[str] = Counter()  # requests per target the container may be running
+        self._stragglers: set[asyncio.Task] = set()  # slower copies left to finish
         self._latency: dict[str, float] = {}  # EWMA of each target's answered invocations, seconds
         self.hedged = 0  # second copies sent
         no_timeout = aiohttp.ClientTimeout(total=None)
@@ -50,7 +62,13 @@ class Forwarder:
         self._fresh = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, force_close=True), timeout=no_timeout)
 
+    def outstanding(self, target: str) -> int:
+        """Requests of ``target`` sent to the container and not answered yet (slower copies included)."""
+        return self._outstanding[target]
+
     async def close(self) -> None:
+        for task in list(self._stragglers):
+            task.cancel()
         await self._pooled.close()
         await self._fresh.close()
 
@@ -66,7 +84,7 @@ class Forwarder:
                 if self._loads_in_flight():
                     reply = await self._hedged(target, url, body, headers)
                 else:
-                    reply = await self._post(self._pooled, url, body, headers)
+                    reply = await self._post(self._pooled, url, body, headers, target)
         except TimeoutError:
             raise InvocationTimedOut(target) from None
         seconds = loop.time() - started
@@ -74,19 +92,26 @@ class Forwarder:
         self._latency[target] = seconds if previous is None else previous + EWMA_WEIGHT * (seconds - previous)
         return reply
 
-    @staticmethod
-    async def _post(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict) -> Reply:
-        async with session.post(url, data=body, headers=headers) as response:
-            return response.status, response.headers, await response.read()
+    async def _post(self, session: aiohttp.ClientSession, url: str, body: bytes, headers: dict, target: str) -> Reply:
+        self._outstanding[target] += 1
+        try:
+            async with session.post(url, data=body, headers=headers) as response:
+                return response.status, response.headers, await response.read()
+        finally:
+            self._outstanding[target] -= 1
+            if self._outstanding[target] <= 0:
+                del self._outstanding[target]
+                if self._on_idle is not None:
+                    self._on_idle(target)
 
     async def _hedged(self, target: str, url: str, body: bytes, headers: dict) -> Reply:
-        pending = {asyncio.ensure_future(self._post(self._fresh, url, body, headers))}
+        pending = {asyncio.ensure_future(self._post(self._fresh, url, body, headers, target))}
         hedge_after = max(MIN_HEDGE_S, HEDGE_FACTOR * self._latency.get(target, 0.0))
         try:
             done, pending = await asyncio.wait(pending, timeout=hedge_after)
             if not done:
                 self.hedged += 1
-                pending.add(asyncio.ensure_future(self._post(self._fresh, url, body, headers)))
+                pending.add(asyncio.ensure_future(self._post(self._fresh, url, body, headers, target)))
             error: BaseException | None = None
             while True:
                 for task in done:
@@ -96,6 +121,17 @@ class Forwarder:
                 if not pending:
                     raise error  # every copy failed: the last failure stands for them
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in pending:  # the slower copy, or every copy when the timeout struck
+        except BaseException:
+            for task in pending:  # the invocation timed out or was cancelled: every copy goes
                 task.cancel()
+            raise
+        finally:
+            for task in pending:  # an answer won: the slower copy runs on to its own answer
+                if not task.done():
+                    self._stragglers.add(task)
+                    task.add_done_callback(self._straggler_done)
+
+    def _straggler_done(self, task: asyncio.Task) -> None:
+        self._stragglers.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: a failed slower copy is nobody's error

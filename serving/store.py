@@ -41,6 +41,7 @@ class StoreError(MmeError):
     """A target model cannot be named, found or fetched."""
 
     sagemaker_error = "ValidationError"  # how SageMaker answers InvokeEndpoint for this
+    retryable = False  # a name, an object or a permission must be fixed first
 
 
 class InvalidTargetName(StoreError):
@@ -68,9 +69,18 @@ class TargetAccessDenied(ModelDataDownloadFailed):
 
 
 class SourceUnavailable(StoreError):
-    """The source itself cannot be read (missing directory or bucket, credentials, network)."""
+    """The source itself cannot be read (missing directory or bucket, credentials, network).
+
+    Not retryable by default; an instance says so when the cause can pass by itself (S3
+    unreachable, an object changed while it was read)."""
 
     sagemaker_error = "InternalDependencyException"
+
+
+class ArtifactChanged(SourceUnavailable):
+    """The object changed while it was read (a file still being written): retry once it is complete."""
+
+    retryable = True
 
 
 # What SageMaker's MME says when a target's artifact cannot be downloaded (InvokeEndpoint,
@@ -187,7 +197,7 @@ class LocalDirSource(ModelSource):
         shutil.copyfile(path, dest)
         after = self._info(target, path)
         if after != before or Path(dest).stat().st_size != before.size:
-            raise SourceUnavailable(f"{path} changed while it was copied; retry once the file is completely written")
+            raise ArtifactChanged(f"{path} changed while it was copied; retry once the file is completely written")
         return before
 
 
@@ -228,7 +238,8 @@ class S3Source(ModelSource):
         if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
             return SourceUnavailable(f"no AWS credentials to read {where}; set AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY")
         if not isinstance(exc, ClientError):
-            return SourceUnavailable(f"cannot reach S3 for {where} ({type(exc).__name__}: {exc}); check endpoint_url and the network")
+            return SourceUnavailable(f"cannot reach S3 for {where} ({type(exc).__name__}: {exc}); check endpoint_url and the network",
+                                     retryable=True)
         code = str(exc.response.get("Error", {}).get("Code", ""))
         key = self.prefix + target if target is not None else None
         if key is not None and code in ("403", "404"):  # HeadObject: a bare status, no body to say why
@@ -255,7 +266,8 @@ class S3Source(ModelSource):
             return SourceUnavailable(f"bucket {self.bucket} does not exist; create it or fix the s3:// URI")
         elif code in ("403", "AccessDenied"):
             return SourceUnavailable(f"access denied reading {where}; grant s3:GetObject and s3:ListBucket on it")
-        return SourceUnavailable(f"S3 error {code} reading {where}: {exc}")
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        return SourceUnavailable(f"S3 error {code} reading {where}: {exc}", retryable=True if status >= 500 else None)
 
     def _error_code_of_get(self, key: str) -> str | None:
         """The error code a one-byte GetObject of ``key`` answers (NoSuchKey, NoSuchBucket, AccessDenied,
@@ -316,7 +328,7 @@ class S3Source(ModelSource):
         except self._errors() as exc:
             raise self._fail(exc, target) from None
         if Path(dest).stat().st_size != info.size:
-            raise SourceUnavailable(f"download of {info.location} ended early; retry")
+            raise SourceUnavailable(f"download of {info.location} ended early; retry", retryable=True)
         return info
 
 

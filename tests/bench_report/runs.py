@@ -53,7 +53,7 @@ class RunBuilder:
         return self.run_dir
 
     def metrics(self, stage: int, counts: dict, loaded: int | None = None, memory_pct: float | None = None,
-                model_latency: tuple[int, float] | None = None) -> None:
+                model_latency: tuple[int, float] | None = None, at: str = "end") -> None:
         snapshot = {"schema_version": 1, "counts": counts, "latency_us": {}, "gauges": {}}
         if model_latency is not None:
             count, total = model_latency
@@ -62,7 +62,7 @@ class RunBuilder:
             snapshot["gauges"]["LoadedModelCount"] = loaded
         if memory_pct is not None:
             snapshot["gauges"]["MemoryUtilization"] = memory_pct
-        append_endpoint_metrics(self.run_dir, stage, float(stage), snapshot)
+        append_endpoint_metrics(self.run_dir, stage, float(stage), snapshot, at=at)
 
 
 def staged_run(run_dir: Path, **run_fields) -> Path:

@@ -122,6 +122,24 @@ def test_endpoint_metric_deltas_per_stage(tmp_path):
     assert any("line 5" in w for w in s.warnings)
 
 
+def test_a_stage_the_endpoint_did_not_see_end_keeps_its_last_snapshot(tmp_path):
+    """Snapshots within a stage stand in for its end when the endpoint died before it ended; a
+    stage's end snapshot is never replaced by one taken within it that was written later."""
+    b = RunBuilder(tmp_path / "run")
+    for i in range(2):
+        b.stage(10, 10.0 * i, 10.0 * (i + 1))
+        b.ok(i, [20.0] * 4)
+    run_dir = b.write()
+    b.metrics(-1, {"ModelLoads": 1}, at="start")
+    b.metrics(0, {"ModelLoads": 3}, at="during")
+    b.metrics(0, {"ModelLoads": 4}, at="end")
+    b.metrics(0, {"ModelLoads": 9}, at="during")  # taken just before the end, written after it
+    b.metrics(1, {"ModelLoads": 6}, at="during")
+    b.metrics(1, {"ModelLoads": 8}, at="during")  # then the endpoint stopped answering
+    first, second = analyse(run_dir).stages
+    assert (first.model_loads, second.model_loads) == (3, 4)
+
+
 def test_interrupted_run_without_stages_file(tmp_path):
     b = RunBuilder(tmp_path / "run")
     b.ok(0, [1000.0] * 4, users=10, t0=0.0, dt=1.0)  # sent at 0,1,2,3 s; the last ends at 4 s

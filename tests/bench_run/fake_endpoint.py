@@ -28,6 +28,7 @@ class FakeState:
     after_behaviour: str = "fail"
     metrics: bool = True
     requests: int = 0
+    metrics_requests: int = 0
     headers: list[dict] = field(default_factory=list)
     targets: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -58,6 +59,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.path == "/metrics.json" and self.state.metrics:
             with self.state.lock:
                 count = self.state.requests
+                self.state.metrics_requests += 1
             self._reply(200, json.dumps({"schema_version": 1, "counts": {"Invocations": count},
                                          "gauges": {"LoadedModelCount": 3}, "loaded_models": []}).encode(),
                         {"Content-Type": "application/json"})

@@ -6,7 +6,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from bench.collect import CpuSample, Collector, percentile
+import pytest
+
+from bench import analysis, collect
+from bench.collect import CpuSample, Collector
+from mme.stats import percentile
 from bench.payload import from_artifact
 from bench.results import read_requests
 from tests.bench_run.helpers import ROOT, bench_env
@@ -46,10 +50,14 @@ def test_stages_where_a_generator_passed_90_percent_are_saturated(tmp_path):
         (0, 10, 60.0, 50.0, 0), (1, 20, 95.0, 72.5, 1)]
 
 
-def test_percentile_is_nearest_rank():
-    values = sorted(float(v) for v in range(1, 101))
-    assert (percentile(values, 50), percentile(values, 95), percentile(values, 100)) == (50.0, 95.0, 100.0)
-    assert percentile([], 95) == 0.0 and percentile([7.0], 95) == 7.0
+def test_the_run_checks_percentiles_as_the_report_computes_them():
+    """One definition: the p95 that --max-p95-ms is checked against is the report's (linear)."""
+    values = [float(v) for v in range(1, 101)]
+    assert (percentile(values, 50), percentile(values, 95), percentile(values, 100)) == (50.5, 95.05, 100.0)
+    assert percentile([], 95) is None and percentile([7.0], 95) == 7.0
+    assert collect.percentile is analysis.percentile is percentile
+    stats = collect.StageStats(latencies_ok=[40.0, 10.0, 30.0, 20.0])
+    assert stats.p(95) == pytest.approx(38.5)  # nearest rank said 40.0: over a 39 ms limit the report shows under
 
 
 def test_artifact_payloads_json_and_binary(test_resnet_cpu_local):

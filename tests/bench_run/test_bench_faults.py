@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.results import RunInfo, read_requests
+from bench.results import RunInfo, read_endpoint_metrics, read_requests
 from mme.cli import main
 from tests.bench_run.fake_endpoint import FakeEndpoint
 from tests.bench_run.helpers import ROOT, bench_command, bench_env, free_port, run_bench, saved_run
@@ -37,10 +37,12 @@ def test_endpoint_going_away_mid_run(tmp_path):
     endpoint = FakeEndpoint(fail_after=8, after_behaviour="drop").__enter__()
     process = subprocess.Popen(bench_command("--endpoint", "e", "--endpoint-url", endpoint.url, "--mode", "single",
                                              "--shape", "constant", "--users", "3", "--duration", "3",
-                                             "--wait", "0.05,0.1", "--timeout", "2", "--out", str(tmp_path)),
+                                             "--wait", "0.05,0.1", "--timeout", "2", "--metrics-interval", "0.5",
+                                             "--out", str(tmp_path)),
                                cwd=ROOT, env=bench_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
-    while endpoint.state.requests < 12 and time.monotonic() < deadline:  # 8 answered, then dropped ones
+    # 8 answered, then dropped ones; and the baseline plus one snapshot within the stage
+    while (endpoint.state.requests < 12 or endpoint.state.metrics_requests < 2) and time.monotonic() < deadline:
         time.sleep(0.05)
     endpoint.stop()  # new connections are refused from here on
     out, err = process.communicate(timeout=60)
@@ -54,6 +56,14 @@ def test_endpoint_going_away_mid_run(tmp_path):
     assert all(r.status == 0 for r in failed)  # no answer at all
     assert all(re.fullmatch(r"[A-Z][A-Za-z]+", r.error) for r in failed)  # named by the exception's type
     assert {"ConnectionRefusedError"} <= {r.error for r in failed}  # once nothing listens any more
+    # the endpoint's metrics: a baseline, then snapshots within the stage until it went away
+    metrics = read_endpoint_metrics(directory)
+    assert (metrics[0]["stage"], metrics[0]["at"]) == (-1, "start")
+    during = [m for m in metrics if m["at"] == "during"]
+    assert during and all(m["stage"] == 0 for m in during)
+    assert not any(m["at"] == "end" for m in metrics)  # nothing answered at the stage end
+    assert max(m["snapshot"]["counts"]["Invocations"] for m in during) >= 1
+    assert info.extra["endpoint_metrics_missed"] >= 1
 
 
 def test_boto3_client_reports_sagemaker_error_codes(tmp_path):

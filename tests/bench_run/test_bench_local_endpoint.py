@@ -105,8 +105,9 @@ def test_short_bench_against_the_local_endpoint(local_endpoint, tmp_path):
     assert run.stages[1].end_t == pytest.approx(6, abs=0.4)
     assert all(0 < s.generator_cpu_max < 90 and s.saturated == 0 for s in run.stages)
 
-    # endpoint_metrics.jsonl: the local endpoint's /metrics.json at each stage end
-    assert [m["stage"] for m in run.metrics] == [0, 1]
+    # endpoint_metrics.jsonl: the local endpoint's /metrics.json before the run and at each stage end
+    assert [(m["stage"], m["at"]) for m in run.metrics] == [(-1, "start"), (0, "end"), (1, "end")]
+    assert run.metrics[0]["t"] <= 0 < run.metrics[1]["t"]
     last = run.metrics[-1]["snapshot"]
     assert last["gauges"]["LoadedModelCount"] == 3
     assert len(last["loaded_models"]) == 3

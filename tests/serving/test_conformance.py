@@ -270,7 +270,8 @@ def test_disk_limit_deletes_least_recently_used_unloaded_models(models, tmp_path
     """REF/AWS MME docs: when the instance's disk fills, SageMaker deletes cached artifacts of
     models that are not loaded, least recently used first."""
     options = LocalEndpointOptions(models=str(models), port=0, server_kind="local", endpoint_name=NAME,
-                                   cache_dir=tmp_path / "cache", disk_limit_bytes=1)
+                                   # an echo model's files (about 2 KB) fit; its entry as du counts it (about 24 KB) does not
+                                   cache_dir=tmp_path / "cache", disk_limit_bytes=8192)
     with LocalEndpoint(options, Reporter(quiet=True)) as ep:
         sm = client(ep.url)
         invoke(sm, "warm.tar.gz")

@@ -112,3 +112,32 @@ def test_when_every_copy_fails_the_failure_is_raised():
             await forwarder.close()
 
     run(main())
+
+
+def test_the_slower_copy_runs_to_its_answer_and_keeps_the_target_outstanding():
+    """Triton runs the slower copy anyway, and an UNLOAD sent while it runs never completes
+    (Triton 2.51): the copy is not cancelled, the target counts as outstanding until it answers,
+    and on_idle fires then."""
+    async def main():
+        container = Container(stall=1)  # the first copy answers after 3 s, the second at once
+        runner, url = await serve(container)
+        idle: list[tuple[str, float]] = []
+        loop = asyncio.get_running_loop()
+        forwarder = Forwarder(url, 10.0, loads_in_flight=lambda: 1, on_idle=lambda t: idle.append((t, loop.time())))
+        try:
+            started = loop.time()
+            status, _, body = await forwarder.invoke("m.tar.gz", b"{}", "application/json", None)
+            answered = loop.time() - started
+            outstanding_after_answer = forwarder.outstanding("m.tar.gz")
+            while forwarder.outstanding("m.tar.gz"):
+                assert loop.time() - started < 8, "the slower copy never finished"
+                await asyncio.sleep(0.05)
+        finally:
+            await forwarder.close()
+            await runner.cleanup()
+        return status, body, answered, outstanding_after_answer, [(t, at - started) for t, at in idle], container.seen
+
+    status, body, answered, outstanding, idle, seen = run(main())
+    assert status == 200 and b'"n": 2' in body and answered < 1.0
+    assert outstanding == 1  # the first copy still runs in the container
+    assert seen == 2 and len(idle) == 1 and idle[0][0] == "m.tar.gz" and idle[0][1] >= 2.5

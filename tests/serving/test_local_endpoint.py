@@ -110,8 +110,11 @@ def test_corrupt_tarball_is_refused_without_poisoning_anything(endpoint, package
     sm = client(endpoint.url)
     body = packaged_test_resnet.sample("json")
     for _ in range(2):  # refused each time: nothing half-extracted was cached
-        with pytest.raises(sm.exceptions.ValidationError):
+        with pytest.raises(sm.exceptions.ValidationError) as info:
             sm.invoke_endpoint(EndpointName="local", TargetModel="broken.tar.gz", ContentType="application/json", Body=body)
+        message = info.value.response["Error"]["Message"]
+        assert "broken.tar.gz" in message and message.endswith("Retrying will not help until this is fixed."), message
+        assert ".download-" not in message  # the object, not the temporary file it was fetched into
     assert endpoint.cache.get("broken.tar.gz") is None
     reply = sm.invoke_endpoint(EndpointName="local", TargetModel="test_resnet-v1.tar.gz",
                                ContentType="application/json", Body=body)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from serving.cache import ENTRY_FILE, ModelCache, cache_key, disk_usage
+from serving.extract import ExceedsDiskBudget
 from serving.store import LocalDirSource, ModelSource, ObjectInfo
 from tests.serving_store.store_helpers import Member, model_members, write_tarball
 
@@ -169,18 +170,25 @@ def test_in_use_copies_survive_and_the_overrun_is_counted(tmp_path: Path, models
     _consistent(cache)
 
 
-def test_the_copy_just_fetched_stays_even_over_the_limit(tmp_path: Path, models_dir: Path) -> None:
+def test_a_model_bigger_than_the_whole_limit_stops_extracting_and_leaves_nothing(tmp_path: Path, models_dir: Path) -> None:
     size = _entry_size(tmp_path, models_dir)
     cache, _ = _cache(tmp_path, models_dir, size // 2)  # not even one model fits
-    first = cache.fetch("m0.tar.gz")
-    assert first.model_dir.is_dir() and cache.stats.over_limit == 1
-    second = cache.fetch("m1.tar.gz")
-    assert second.model_dir.is_dir() and not first.model_dir.exists()
-    assert cache.lru_order() == ("m1.tar.gz",)
-    assert cache.stats.over_limit == 2 and cache.stats.pruned == 1
+    with pytest.raises(ExceedsDiskBudget, match=r"m0\.tar\.gz unpacks to more than the .* disk limit .*--disk-limit") as caught:
+        cache.fetch("m0.tar.gz")
+    assert caught.value.retryable is False
+    assert _entry_dirs(cache) == [] and not any(cache.root.iterdir())  # no staging, no download left
+    assert cache.usage_bytes() == 0 and cache.stats.failures == 1 and cache.stats.over_limit == 0
+
+
+def test_the_copy_just_fetched_stays_over_the_limit_when_the_rest_is_in_use(tmp_path: Path, models_dir: Path) -> None:
+    size = _entry_size(tmp_path, models_dir)
+    cache, _ = _cache(tmp_path, models_dir, size + size // 2, in_use=lambda t: t == "m0.tar.gz")
+    cache.fetch("m0.tar.gz")
+    second = cache.fetch("m1.tar.gz")  # fits alone, but m0 is loaded: kept over the limit
+    assert second.model_dir.is_dir() and cache.stats.over_limit == 1
     assert cache.prune(keep="m1.tar.gz") == []
     assert cache.prune() == ["m1.tar.gz"]  # not kept, not in use: the limit wins
-    assert cache.usage_bytes() == 0 and _entry_dirs(cache) == []
+    assert cache.lru_order() == ("m0.tar.gz",)
 
 
 def test_concurrent_fetches_with_pruning_leave_a_consistent_cache(tmp_path: Path, models_dir: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 from mme.fsutil import sha256_of
 from serving.cache import CachedModel, ModelCache, cache_key
 from serving.extract import CorruptArtifact, UnsafeArtifact
-from serving.store import InvalidTargetName, LocalDirSource, ModelSource, ObjectInfo, TargetNotFound, source_from_uri
+from serving.store import ArtifactChanged, InvalidTargetName, LocalDirSource, ModelSource, ObjectInfo, TargetNotFound, source_from_uri
 from tests.serving_store.store_helpers import Member, model_members, tree, write_tarball
 
 
@@ -235,3 +235,39 @@ def test_cache_over_s3_with_the_real_artifact(moto_server, aws_env, resnet_artif
         cache.fetch("test_resnet-v2.tar.gz")
     assert cache.get("test_resnet-v2.tar.gz") == first  # the good copy stays
     assert len(source.downloads) == 2
+
+
+class FinishingWriter(CountingSource):
+    """The object is caught half-written: the first download copies a truncated file, and the
+    writer completes it right after (as `cp` or a slow upload into the models directory would)."""
+
+    def __init__(self, inner: ModelSource, path: Path, complete: bytes) -> None:
+        super().__init__(inner)
+        self.path, self.complete = path, complete
+
+    def download(self, target: str, dest: Path) -> ObjectInfo:
+        info = super().download(target, dest)
+        if self.path.read_bytes() != self.complete:
+            self.path.write_bytes(self.complete)
+            _bump_mtime(self.path)
+        return info
+
+
+def test_a_tarball_caught_half_written_is_retryable_not_corrupt(tmp_path: Path, tiny_tarball: Path) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    complete = tiny_tarball.read_bytes()
+    path = models / "tiny.tar.gz"
+    path.write_bytes(complete[: len(complete) // 2])
+    source = FinishingWriter(LocalDirSource(models), path, complete)
+    cache = ModelCache(tmp_path / "cache", source)
+    with pytest.raises(ArtifactChanged, match=r"tiny\.tar\.gz changed while it was read .* retry once it is complete") as caught:
+        cache.fetch("tiny.tar.gz")
+    assert caught.value.retryable is True and caught.value.sagemaker_error == "InternalDependencyException"
+    assert isinstance(caught.value.__cause__, CorruptArtifact)
+    assert cache.fetch("tiny.tar.gz").model_dir.is_dir()  # the retry succeeds
+    path.write_bytes(complete[: len(complete) // 2])  # truncated and left so: corrupt, and retrying will not help
+    _bump_mtime(path)
+    with pytest.raises(CorruptArtifact) as corrupt:
+        ModelCache(tmp_path / "cache2", LocalDirSource(models)).fetch("tiny.tar.gz")
+    assert corrupt.value.retryable is False

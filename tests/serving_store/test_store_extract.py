@@ -6,6 +6,7 @@ import gzip
 import io
 import json
 import os
+import random
 import tarfile
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from mme.fsutil import sha256_of
 from serving.extract import (
     ArtifactTooLarge,
     CorruptArtifact,
+    DiskBudget,
+    ExceedsDiskBudget,
     ExtractLimits,
     InvalidModelLayout,
     TooManyMembers,
@@ -212,3 +215,21 @@ def test_a_gzip_bomb_under_the_size_cap_is_refused_before_anything_is_written(tm
         extract_model_tarball(bomb, out / "model")
     assert not out.exists() or tree(out) == []
     assert extract_model_tarball(bomb, tmp_path / "trusted", ExtractLimits(max_ratio=10_000)).total_bytes >= size
+
+
+def test_extraction_stops_at_the_disk_budget_before_reading_the_rest(tmp_path: Path) -> None:
+    """Ten incompressible 1 MiB files then a corrupt tail, with a 2.5 MiB budget: the third file's
+    header passes the budget, so extraction stops there (ExceedsDiskBudget, not CorruptArtifact:
+    the tail was never read) and nothing is left."""
+    rng = random.Random(3)
+    members = model_members() + [Member(f"tiny/1/w{i}.bin", rng.randbytes(2**20)) for i in range(10)]
+    tarball = write_tarball(tmp_path / "big.tar.gz", members)
+    tarball.write_bytes(tarball.read_bytes()[:-4096] + b"\xff" * 4096)  # a tail no gzip reader gets past
+    with pytest.raises(CorruptArtifact):
+        extract_model_tarball(tarball, tmp_path / "unbounded" / "model")
+    out = tmp_path / "out"
+    budget = DiskBudget(5 * 2**19, "the test's budget (raise it)")
+    with pytest.raises(ExceedsDiskBudget, match=r"big\.tar\.gz unpacks to more than the 2,621,440 bytes the test's budget") as caught:
+        extract_model_tarball(tarball, out / "model", budget=budget)
+    assert caught.value.retryable is False
+    assert not out.exists() or tree(out) == []

@@ -28,6 +28,7 @@ from serving.store import (
     TargetAccessDenied,
     TargetNotFound,
 )
+from mme.errors import with_retry_advice
 from tests.conftest import running_moto_server
 from tests.serving_store.store_helpers import free_port, invoke_with_reply
 
@@ -47,7 +48,7 @@ def _expect_validation_error(exc: ModelDataDownloadFailed, bucket: str, key: str
     client, error = invoke_with_reply(reply)
     assert isinstance(error, client.exceptions.ValidationError), error
     assert error.response["Error"]["Code"] == "ValidationError"
-    assert error.response["Error"]["Message"] == message
+    assert error.response["Error"]["Message"] == message[:-1] + "; retrying will not help until this is fixed)"
     assert error.response["ResponseMetadata"]["HTTPStatusCode"] == 400
 
 
@@ -56,7 +57,8 @@ def _expect_internal_dependency(exc: SourceUnavailable) -> None:
     assert reply.status == 530
     client, error = invoke_with_reply(reply)
     assert isinstance(error, client.exceptions.InternalDependencyException), error
-    assert error.response["Error"]["Message"] == str(exc)
+    assert error.response["Error"]["Message"] == with_retry_advice(exc)
+    assert error.response["Error"]["Message"].startswith(str(exc))
 
 
 @pytest.fixture
