@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import io
 import json
 import os
 import subprocess
@@ -29,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from tests.benchmarks.bench_front import tree_environment  # noqa: E402
 from tests.serving.python_models import write_echo_model  # noqa: E402
+from tests.serving_store.store_helpers import Zeros  # noqa: E402
 
 FETCH = """
 import sys
@@ -41,16 +41,6 @@ try:
 except Exception as exc:
     print(f"{type(exc).__name__}: {exc}")
 """
-
-
-class Zeros(io.RawIOBase):
-    def __init__(self, size: int) -> None:
-        self.left = size
-
-    def read(self, n: int = -1) -> bytes:
-        n = self.left if n < 0 else min(n, self.left)
-        self.left -= n
-        return b"\0" * n
 
 
 def write_bomb(path: Path, size: int) -> None:

@@ -30,6 +30,8 @@ from botocore.config import Config
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+from mme.errors import MmeError  # noqa: E402
+from packager.manifest import Manifest  # noqa: E402
 from tests.benchmarks.bench_front import free_port, tree_environment, wait_for  # noqa: E402
 
 THRESHOLD = 0.9
@@ -71,12 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verbose", action="store_true", help="show the endpoint's log (loads, evictions)")
     parser.add_argument("--out", type=Path, default=Path("results"))
     args = parser.parse_args(argv)
-    manifest_path = args.artifact / "manifest.json"
-    if not manifest_path.is_file():
-        raise SystemExit(f"no manifest.json in {args.artifact}: run `make package MODEL=resnet50` first")
-    manifest = json.loads(manifest_path.read_text())
-    body = (args.artifact / manifest["sample_request"]["json_file"]).read_bytes()
-    targets = [manifest["tarball"].replace(".tar.gz", f"-v{i}.tar.gz") for i in range(1, args.copies + 1)]
+    try:
+        manifest = Manifest.load(args.artifact)
+    except MmeError as exc:
+        raise SystemExit(f"{exc} (make package MODEL=resnet50 makes one)") from None
+    body = (args.artifact / manifest.sample_request.json_file).read_bytes()
+    targets = [manifest.tarball.replace(".tar.gz", f"-v{i}.tar.gz") for i in range(1, args.copies + 1)]
 
     def invoke(sm, target: str) -> None:
         sm.invoke_endpoint(EndpointName="local", TargetModel=target, ContentType="application/json", Body=body)

@@ -35,6 +35,18 @@ class Member:
     size: int | None = None  # header size override (lie about the size)
 
 
+class Zeros:
+    """A file of ``size`` zero bytes that is never held in memory (the body of a gzip bomb)."""
+
+    def __init__(self, size: int) -> None:
+        self.left = size
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left if n < 0 else min(n, self.left)
+        self.left -= n
+        return b"\0" * n
+
+
 def write_tarball(path: Path, members: list[Member], compress: bool = True) -> Path:
     """A tar.gz with exactly these members, in this order, nothing normalised away."""
     raw = io.BytesIO()

@@ -24,7 +24,7 @@ from serving.extract import (
     UnsafeArtifact,
     extract_model_tarball,
 )
-from tests.serving_store.store_helpers import CONFIG, ENSEMBLE_CONFIG, Member, model_members, tree, write_tarball
+from tests.serving_store.store_helpers import CONFIG, ENSEMBLE_CONFIG, Member, Zeros, model_members, tree, write_tarball
 
 
 def test_real_artifact_unpacks_to_one_model_directory(resnet_artifact, tmp_path: Path) -> None:
@@ -182,18 +182,6 @@ def test_truncated_and_garbage_tarballs_are_corrupt(resnet_artifact, tmp_path: P
         assert not (tmp_path / "cache").exists() or tree(tmp_path / "cache") == [], name
 
 
-class _Zeros:
-    """A file of ``size`` zero bytes that is never held in memory."""
-
-    def __init__(self, size: int) -> None:
-        self.left = size
-
-    def read(self, n: int = -1) -> bytes:
-        n = self.left if n < 0 else min(n, self.left)
-        self.left -= n
-        return b"\0" * n
-
-
 def test_a_gzip_bomb_under_the_size_cap_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     """300 MiB of zeros compress to about 0.3 MB (1,000x): the member's header declares its size,
     so the ratio bound stops it before a byte of it reaches the disk."""
@@ -208,7 +196,7 @@ def test_a_gzip_bomb_under_the_size_cap_is_refused_before_anything_is_written(tm
             tar.addfile(info, io.BytesIO(member.data or b""))
         info = tarfile.TarInfo("tiny/1/weights.bin")
         info.size = size
-        tar.addfile(info, _Zeros(size))
+        tar.addfile(info, Zeros(size))
     assert bomb.stat().st_size < size / 100
     out = tmp_path / "out"
     with pytest.raises(ArtifactTooLarge, match="gzip bomb"):
