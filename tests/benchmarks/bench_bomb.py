@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import json
 import os
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from tests.benchmarks.bench_front import tree_environment  # noqa: E402
+from tests.benchmarks.bench_front import save_result, tree_environment  # noqa: E402
 from tests.serving.python_models import write_echo_model  # noqa: E402
 from tests.serving_store.store_helpers import Zeros  # noqa: E402
 
@@ -101,10 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bomb: {args.gib:g} GiB of zeros in a {tarball / 1e6:.1f} MB tarball; peak written under the cache "
           f"{peak / 2**20:,.1f} MiB, left {left / 2**20:,.1f} MiB after {seconds:.1f} s; {outcome}")
     subprocess.run(["rm", "-rf", str(work)], check=False)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "bench_bomb.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {path}")
+    save_result(args.out, "bench_bomb.json", result)
     return 0
 
 

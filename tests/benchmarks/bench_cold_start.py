@@ -21,7 +21,7 @@ import boto3
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.benchmarks.bench_front import free_port, tree_environment, wait_for  # noqa: E402
+from tests.benchmarks.bench_front import free_port, save_result, tree_environment, wait_for  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,10 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"cold start of {target} ({manifest['model']}, {manifest['format']}, {split['tarball_mb']} MB tarball):")
     for key in ("download_ms", "extract_ms", "load_ms", "first_inference_ms", "other_ms", "first_answer_ms", "warm_answer_ms"):
         print(f"  {key:<20}{split[key]:>10.1f}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"bench_cold_start_{manifest['model']}.json"
-    path.write_text(json.dumps({"schema_version": 1, "target": target, **split}, indent=2) + "\n")
-    print(f"written {path}")
+    save_result(args.out, f"bench_cold_start_{manifest['model']}.json", {"schema_version": 1, "target": target, **split})
     return 0
 
 

@@ -13,7 +13,6 @@ the `mme` of another checkout (e.g. a worktree of an older commit) to compare.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -28,7 +27,7 @@ import requests
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from tests.benchmarks.bench_load_churn import client  # noqa: E402
-from tests.benchmarks.bench_front import free_port, tree_environment, wait_for  # noqa: E402
+from tests.benchmarks.bench_front import free_port, save_result, tree_environment, wait_for  # noqa: E402
 from tests.serving.python_models import echo_request, write_echo_tarball  # noqa: E402
 
 TARGETS = ("a.tar.gz", "b.tar.gz", "c.tar.gz")
@@ -109,10 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         r = results[name]
         print(f"{name:>14}: first success {r.get('first_success_s')} s after the kill, "
               f"{r.get('failed_requests')} requests failed in between")
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "bench_crash_recovery.json"
-    path.write_text(json.dumps(results, indent=2))
-    print(f"wrote {path}")
+    save_result(args.out, "bench_crash_recovery.json", results)
     return 0
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import requests
 
+from mme.fsutil import write_json_atomic
 from serving.cache import cache_key
 from serving.triton.base import free_ports
 
@@ -111,6 +112,15 @@ FIXED_SIGNATURE = ("AWS4-HMAC-SHA256 Credential=bench/20260101/us-east-1/sagemak
                    "SignedHeaders=host;x-amz-date, Signature=" + "0" * 64)
 
 
+def save_result(out: Path, name: str, data: object) -> Path:
+    """Write a benchmark's figures to ``out/name`` (JSON, atomically) and say where."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / name
+    write_json_atomic(path, data)
+    print(f"wrote {path}")
+    return path
+
+
 def tree_environment(tree: Path | None) -> dict:
     """Popen arguments that run `python -m mme` from ``tree`` instead of this checkout."""
     if tree is None:
@@ -163,9 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['clients']:>7} {r['direct']['p50_ms']:>9.2f}ms {r['front']['p50_ms']:>8.2f}ms {r['added_p50_ms']:>8.2f}ms "
               f"{r['direct']['rps']:>11.1f} {r['front']['rps']:>10.1f} {r['throughput_ratio']:>6.2f}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench_front.json").write_text(json.dumps({"schema_version": 1, "rows": rows}, indent=2) + "\n")
-    print(f"written {args.out / 'bench_front.json'}")
+    save_result(args.out, "bench_front.json", {"schema_version": 1, "rows": rows})
     return 0
 
 

@@ -14,7 +14,6 @@ Prints the figures and writes results/bench_load_churn.json. ``--tree DIR`` runs
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,7 @@ from botocore.config import Config
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from tests.benchmarks.bench_front import free_port, tree_environment, wait_for  # noqa: E402
+from tests.benchmarks.bench_front import free_port, save_result, tree_environment, wait_for  # noqa: E402
 from tests.serving.python_models import echo_request, write_echo_tarball  # noqa: E402
 
 
@@ -120,10 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"warm, {args.rounds} models loading: p50 {w['p50_ms']} ms  p99 {w['p99_ms']} ms  max {w['max_ms']} ms  (n={w['n']})")
     print(f"cold: one model {result['cold_one_s']} s; two models at once {result['cold_two_together_s']} s "
           f"(load {args.load_s:g} s each)")
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "bench_load_churn.json"
-    path.write_text(json.dumps(result, indent=2))
-    print(f"wrote {path}")
+    save_result(args.out, "bench_load_churn.json", result)
     return 0
 
 

@@ -14,7 +14,6 @@ worktree of an older commit) on the same limit, to compare.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import subprocess
 import sys
@@ -32,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from mme.errors import MmeError  # noqa: E402
 from packager.manifest import Manifest  # noqa: E402
-from tests.benchmarks.bench_front import free_port, tree_environment, wait_for  # noqa: E402
+from tests.benchmarks.bench_front import free_port, save_result, tree_environment, wait_for  # noqa: E402
 
 THRESHOLD = 0.9
 
@@ -142,10 +141,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{result['ok']} ok ({result['ok_per_s']} req/s), p50 {result['p50_ms']} ms, p95 {result['p95_ms']} ms, "
           f"max {result['max_ms']} ms; errors {dict(errors) or 'none'}; loads {result['model_loads']}, "
           f"evictions {result['model_evictions']}, above threshold {result['loads_above_threshold']}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "bench_thrash.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {path}")
+    save_result(args.out, "bench_thrash.json", result)
     return 0
 
 
