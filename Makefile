@@ -13,7 +13,7 @@ ARGS ?=
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-gpu package demo test test-gpu bench-package bench-client-cost bench-front bench-cold-start bench-churn bench-crash bench-thrash bench-bomb clean lock
+.PHONY: help install install-gpu package demo test lint test-gpu bench-package bench-client-cost bench-front bench-cold-start bench-churn bench-crash bench-thrash bench-bomb clean lock
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -40,6 +40,10 @@ demo: $(STAMP) ## the main job on local defaults: package, capacity, local MME, 
 
 test: $(STAMP) ## run the test suite (GPU tests are skipped without a GPU)
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+lint: $(STAMP) ## ruff (errors and likely bugs) and mypy over the product code, as CI runs them
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 test-gpu: $(STAMP) ## run only the GPU-marked tests (on a GPU host, after make install-gpu)
 	$(BIN)/pytest -m gpu $(PYTEST_ARGS)

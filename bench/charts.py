@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import math
 from collections import Counter
+from datetime import datetime
 from typing import TYPE_CHECKING, Callable, Sequence
 
 if TYPE_CHECKING:  # matplotlib is imported when a chart is drawn, not when this module is
@@ -165,7 +166,7 @@ def endpoint_chart(summary: "RunSummary") -> bytes:
     ax = fig.add_subplot()
     _shade(ax, stages)
     width = 0.27
-    handles = [
+    handles: list = [
         ax.bar([i - width for i in x], [s.model_loads or 0 for s in stages], width, color="tab:blue", label="model loads"),
         ax.bar(x, [s.model_evictions or 0 for s in stages], width, color="tab:red", label="evictions"),
         ax.bar([i + width for i in x], [s.cache_misses or 0 for s in stages], width, color="tab:gray",
@@ -283,14 +284,14 @@ CLOUDWATCH_HIT_RATIO = ("ModelCacheHit", "Average")
 _UNIT_SCALE = {"microseconds": 1e-3, "milliseconds": 1.0, "seconds": 1e3}
 
 
-def _utc_time(text: str):
-    from datetime import datetime, timezone
+def _utc_time(text: str) -> datetime:
+    from datetime import timezone
 
     moment = datetime.fromisoformat(str(text).strip().replace("Z", "+00:00"))
     return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment
 
 
-def cloudwatch_series(data: object) -> tuple[int, dict[tuple[str, str], list[tuple[object, float]]]]:
+def cloudwatch_series(data: object) -> tuple[int, dict[tuple[str, str], list[tuple[datetime, float]]]]:
     """The period and the datapoints of a ``cloudwatch_metrics.json`` (as ``mme metrics``
     writes it, ``serving.aws.cloudwatch.to_json``), keyed by (metric, stat), values in the
     chart's units (latencies in ms). Raises ValueError on anything malformed."""
@@ -302,7 +303,7 @@ def cloudwatch_series(data: object) -> tuple[int, dict[tuple[str, str], list[tup
     series = data.get("series")
     if not isinstance(series, list) or isinstance(period, bool) or not isinstance(period, int) or period <= 0:
         raise ValueError("no 'series' list or no positive 'period_s'")
-    out: dict[tuple[str, str], list[tuple[object, float]]] = {}
+    out: dict[tuple[str, str], list[tuple[datetime, float]]] = {}
     for n, s in enumerate(series):
         try:
             # SampleCount counts datapoints whatever the metric's unit

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from typing import Callable, Protocol
 from functools import lru_cache
 
 from botocore.auth import SIGNED_HEADERS_BLACKLIST, SigV4Auth, _host_from_url
@@ -69,7 +70,7 @@ class CachedSigV4Auth(SigV4Auth):
         self.add_auth(_SignableRequest(method, url, headers, body))
         return headers
 
-    def headers_to_sign(self, request) -> dict:  # type: ignore[override]
+    def headers_to_sign(self, request) -> dict:
         headers = {}
         for name, value in request.headers.items():
             lname = name.lower()
@@ -79,10 +80,10 @@ class CachedSigV4Auth(SigV4Auth):
             headers["host"] = _cached_host(request.url)
         return headers
 
-    def canonical_headers(self, headers_to_sign: dict) -> str:  # type: ignore[override]
+    def canonical_headers(self, headers_to_sign: dict) -> str:
         return "\n".join(f"{key}:{' '.join(str(headers_to_sign[key]).split())}" for key in sorted(headers_to_sign))
 
-    def signed_headers(self, headers_to_sign: dict) -> str:  # type: ignore[override]
+    def signed_headers(self, headers_to_sign: dict) -> str:
         return ";".join(sorted(headers_to_sign))
 
     def canonical_query_string(self, request) -> str:
@@ -248,4 +249,12 @@ class Boto3Invoker:
         self._client.close()
 
 
-CLIENTS = {"fast": FastInvoker, "boto3": Boto3Invoker}
+class Invoker(Protocol):
+    """What a load-generating user calls: one invocation, and close at the end."""
+
+    def invoke(self, target: str | None) -> InvokeResult: ...
+
+    def close(self) -> None: ...
+
+
+CLIENTS: dict[str, Callable[..., Invoker]] = {"fast": FastInvoker, "boto3": Boto3Invoker}

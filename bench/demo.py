@@ -20,6 +20,7 @@ from pathlib import Path
 from mme.argtypes import byte_size, positive_float
 from mme.errors import MmeError
 from mme.progress import Reporter
+from packager.manifest import Manifest
 from serving.triton.base import free_ports
 
 
@@ -89,8 +90,9 @@ def run(args: argparse.Namespace) -> int:
     capacity_dir = results / f"demo-{stamp}"
     _call(quiet + ["capacity", str(artifact), "--memory-limit", str(args.memory_limit),
                    "--probe-copies", "2", "--max-copies", str(args.max_copies), "--out", str(capacity_dir)])
-    manifest = json.loads((artifact / "manifest.json").read_text())
-    report = json.loads((capacity_dir / f"capacity_{manifest['model']}_cpu-local.json").read_text())
+    manifest = Manifest.load(artifact)
+    capacity_file = capacity_dir / f"capacity_{manifest.model}_cpu-local.json"
+    report = json.loads(capacity_file.read_text())
     copies = max(1, min(args.max_copies, report["actual_copies"] or report["predicted_copies"]))
 
     _step(reporter, 3, f"start the local multi-model endpoint with {copies} copies (mme serve)")
@@ -104,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         _wait_ready(url, serve)
         reporter.info(f"  {url} (Triton behind it, models load on first request)")
         _step(reporter, 4, f"staged load over the {copies} copies, time scale {args.time_scale} (mme bench)")
-        run_id = f"demo-{stamp}-{manifest['model']}"
+        run_id = f"demo-{stamp}-{manifest.model}"
         _call(quiet + ["bench", "--endpoint", DEMO_ENDPOINT, "--endpoint-url", url, "--artifact", str(artifact),
                        "--binary", "--copies", str(copies), "--shape", "staged", "--time-scale", str(args.time_scale),
                        "--out", str(results), "--run-id", run_id])

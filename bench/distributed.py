@@ -17,7 +17,7 @@ from typing import Callable
 
 import gevent
 
-from bench.collect import CpuSample, Recorder
+from bench.collect import Collector, CpuSample, Recorder
 from bench.config import BenchConfig
 from bench.users import STATE
 from mme.errors import MmeError
@@ -110,7 +110,7 @@ class MasterLink:
     def __init__(self, environment, runner, config: BenchConfig, on_failure: Callable[[str], None],
                  on_worker_error: Callable[[str, str], None]) -> None:
         self.runner = runner
-        self.collector = None  # set when the run starts; samples before that carry no requests
+        self.collector: Collector | None = None  # set when the run starts; samples before that carry no requests
         self.connected: set[str] = set()
         self.finals: set[str] = set()
         self.configured: set[str] = set()  # workers that asked for (and were sent) the configuration

@@ -73,7 +73,7 @@ def resolve_address(name: str, endpoint_url: str | None, region: str | None) -> 
     if parts.path not in ("", "/") or parts.query:
         raise UsageError(f"--endpoint-url is the runtime's base URL without a path (got {endpoint_url!r})")
     try:
-        parts.port
+        _ = parts.port  # urlsplit checks the port only when it is read
     except ValueError:
         raise UsageError(f"--endpoint-url has an invalid port (got {endpoint_url!r})") from None
     return EndpointAddress(name, endpoint_url.rstrip("/"), region, True)
@@ -124,7 +124,7 @@ def fetch_metrics(base_url: str, timeout_s: float = 5.0) -> dict | None:
     """``GET {endpoint_url}/metrics.json`` (our local endpoint's snapshot); None when absent."""
     parts = urlsplit(base_url)
     cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    connection = cls(parts.hostname, parts.port, timeout=timeout_s)
+    connection = cls(parts.hostname or "localhost", parts.port, timeout=timeout_s)
     try:
         connection.request("GET", "/metrics.json", headers={"Accept": "application/json"})
         response = connection.getresponse()

@@ -101,7 +101,9 @@ def build_report(results: Sequence[str | Path], out: Path | None = None, target_
     out_dir = ensure_writable_dir(out if out is not None else default_out(dirs))
     reporter.info(f"==> report of {len(dirs)} run(s) into {out_dir}")
 
-    runs, run_charts, summary_files = [], [], []
+    runs: list[render.RunReport] = []
+    run_charts: list[Path] = []
+    summary_files: list[Path] = []
     for s in summaries:
         reporter.info(f"  {s.run_dir}: {len(s.stages)} stage(s), {s.overall.requests} request(s)")
         summary_files.extend(analysis.write_summary(s))
@@ -117,7 +119,7 @@ def build_report(results: Sequence[str | Path], out: Path | None = None, target_
         for chart in run_charts_of:
             write_bytes_atomic(chart.path, chart.png)
             run_charts.append(chart.path)
-        sized = sizing.size(s, target_tps, p95_slo_ms) if target_tps is not None else None
+        sized = sizing.size(s, target_tps, p95_slo_ms) if target_tps is not None and p95_slo_ms is not None else None
         runs.append(render.RunReport(s, tuple(run_charts_of), sized))
 
     comparison = None

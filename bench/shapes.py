@@ -8,6 +8,7 @@ load-generator processes (``bench.run``, ``bench.worker``) import it.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 from locust import LoadTestShape
 
@@ -77,9 +78,10 @@ def shape_for(plan: LoadPlan, schedulers: int = 1) -> PlanShape:
     if plan.open_loop:
         assert plan.rate is not None
         return OpenLoopShape(plan.rate, plan.duration_s, schedulers)
-    shape = PlanShape.__new__(_PLAN_CLASSES.get(plan.kind.split(":", 1)[0], PlanShape))
+    cls = _PLAN_CLASSES.get(plan.kind.split(":", 1)[0], PlanShape)
+    shape = cast(PlanShape, object.__new__(cls))  # the subclass (its name shows in Locust), set up from the plan
     PlanShape.__init__(shape, plan)
     return shape
 
 
-_PLAN_CLASSES = {"staged": StagedShape, "ramp": RampShape, "constant": ConstantShape, "file": FileShape}
+_PLAN_CLASSES: dict[str, type[PlanShape]] = {"staged": StagedShape, "ramp": RampShape, "constant": ConstantShape, "file": FileShape}

@@ -63,13 +63,13 @@ def size(summary: RunSummary, target_tps: float, p95_slo_ms: float) -> Sizing:
             message = (f"no stage of run {summary.run.run_id} ran without failures: this run gives no capacity "
                        "to size from; rerun starting with fewer users")
         else:
-            best = min(error_free, key=lambda s: s.latency_p95_ms)
+            best = min(error_free, key=lambda s: s.latency_p95_ms or 0.0)  # none is None (filtered above)
             message = (f"no error-free stage had p95 <= {p95_slo_ms:g} ms (lowest error-free p95: "
                        f"{best.latency_p95_ms:.1f} ms at {best.users} users): one instance cannot meet this SLO "
                        "at any tested load; try a larger instance, a faster format, or fewer copies")
         return Sizing(target_tps, p95_slo_ms, None, None, None, None, None, None, None, measured, message, ())
-    best = max(candidates, key=lambda s: s.requests_per_s)
-    capacity = best.requests_per_s / measured
+    best = max(candidates, key=lambda s: s.requests_per_s or 0.0)  # none is None (_qualifying)
+    capacity = (best.requests_per_s or 0.0) / measured
     at = {u: instances_needed(target_tps, capacity, u) for u in (*UTILISATIONS, 1.0)}
     notes = []
     if measured > 1:

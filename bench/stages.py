@@ -145,7 +145,7 @@ def build_plan(shape: str, *, users: int | None = None, duration_s: float | None
         if users is not None or duration_s is not None:
             raise UsageError("--shape staged is the article's fixed shape (10 to 200 users over 340 s); "
                              "use --time-scale to shorten it, or --shape ramp/constant with --users and --duration")
-        stages = ARTICLE_STAGES
+        stages: tuple[Stage, ...] = ARTICLE_STAGES
     elif shape in ("ramp", "constant"):
         if users is None or duration_s is None:
             raise UsageError(f"--shape {shape} needs --users and --duration")

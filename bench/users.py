@@ -22,7 +22,7 @@ from gevent.event import Event
 from gevent.pool import Pool
 from locust import User, task
 
-from bench.client import CLIENTS, InvokeResult
+from bench.client import CLIENTS, InvokeResult, Invoker
 from bench.config import BenchConfig
 from bench.endpoint import resolve_credentials
 from bench.targets import TargetPicker, parse_distribution
@@ -62,7 +62,7 @@ class GeneratorState:
     to the users), the target picker. Set by ``configure`` once the config is known."""
 
     config: BenchConfig | None = None
-    invoker: object | None = None
+    invoker: Invoker | None = None
     picker: TargetPicker | None = None
     ready: Event = field(default_factory=Event)
     open_loop: OpenLoopCounters = field(default_factory=OpenLoopCounters)
@@ -123,7 +123,8 @@ class BenchUser(User):
     def _send(self, users: int) -> None:
         target = STATE.picker.pick() if STATE.picker is not None else None
         sent_at = time.time()
-        result: InvokeResult = STATE.invoker.invoke(target)  # type: ignore[union-attr]
+        assert STATE.invoker is not None  # configured before any user runs (STATE.ready)
+        result: InvokeResult = STATE.invoker.invoke(target)
         self.environment.events.request.fire(
             request_type="POST", name=target or "invocations", response_time=result.latency_ms,
             response_length=result.response_bytes, exception=None if result.ok else InvokeFailed(result),

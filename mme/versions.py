@@ -48,7 +48,7 @@ class Release:
         object.__setattr__(self, "unverified", tuple(self.unverified))
 
     def to_dict(self) -> dict:
-        data = {
+        data: dict[str, object] = {
             "release": self.name,
             "triton_container": self.triton_container,
             "sagemaker_image": self.sagemaker_image,

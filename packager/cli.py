@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         m = artifact.manifest
         size = artifact.tarball.stat().st_size / 1e6
         reporter.info(
-            f"  {m.format:<15} -> {artifact.directory}  (max |diff| {m.validation['max_abs_diff']:.2e}, "
+            f"  {m.format:<15} -> {artifact.directory}  (max |diff| {m.validation.max_abs_diff:.2e}, "
             f"{m.tarball} {size:.1f} MB, weights: {m.weights})"
         )
     if args.json:

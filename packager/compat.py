@@ -15,7 +15,7 @@ TorchScript saved by a newer torch than the release's libtorch may not load eith
 one is reported as a warning (:func:`compat_warnings`), since most modules still do.
 
 ``check_artifact(manifest, release, compute_capability=..., where=...)`` takes the manifest
-(``Manifest``, a dict as read from ``manifest.json``, or :class:`EngineFacts` built from S3
+(:class:`packager.manifest.Manifest`, a dict of the manifest.json shape, or :class:`EngineFacts` built from S3
 metadata) and a :class:`mme.versions.Release`. Artifacts without an engine only meet the
 release's own GPU floor. Also a command for scripts and the Makefile::
 
@@ -25,7 +25,6 @@ release's own GPU floor. Also a command for scripts and the Makefile::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Any, Mapping, Sequence
 
 from mme.errors import MmeError
 from mme.versions import Release, release as triton_release, releases_with_tensorrt, same_major_minor, same_tensorrt
+from packager.manifest import Manifest
 
 # Formats whose files hold serialized TensorRT engines (Torch-TensorRT embeds them in TorchScript).
 ENGINE_FORMATS = {"tensorrt": "TensorRT plan", "torch-tensorrt": "Torch-TensorRT module"}
@@ -63,12 +63,14 @@ class EngineFacts:
     def of(cls, manifest: Any) -> "EngineFacts":
         if isinstance(manifest, EngineFacts):
             return manifest
+        if isinstance(manifest, Manifest):
+            return cls.of_manifest(manifest)
         data: Mapping[str, Any] = manifest.to_dict() if hasattr(manifest, "to_dict") else manifest
         versions = data.get("versions") or {}
         details = data.get("details") or {}
         fmt = data.get("format")
         if fmt not in ENGINE_FORMATS and fmt not in TORCH_FORMATS:
-            fmt = ENGINE_PLATFORMS.get((data.get("triton") or {}).get("platform"), fmt)
+            fmt = ENGINE_PLATFORMS.get((data.get("triton") or {}).get("platform") or "", fmt)
         return cls(
             model=str(data.get("model") or data.get("requested_name") or "this model"),
             format=fmt,
@@ -78,6 +80,24 @@ class EngineFacts:
             torch=_known(versions.get("torch")),
             compute_capability=_known(details.get("compute_capability")),
             hardware_compatibility=_known(details.get("hardware_compatibility")),
+        )
+
+    @classmethod
+    def of_manifest(cls, manifest: Manifest) -> "EngineFacts":
+        """From a :class:`packager.manifest.Manifest`."""
+        fmt = manifest.format
+        if fmt not in ENGINE_FORMATS and fmt not in TORCH_FORMATS:
+            fmt = ENGINE_PLATFORMS.get(manifest.triton.platform or "", fmt)
+        versions, details = manifest.versions, manifest.details
+        return cls(
+            model=str(manifest.model or manifest.requested_name or "this model"),
+            format=fmt,
+            tensorrt=_known(versions.get("tensorrt")),
+            torch_tensorrt=_known(versions.get("torch_tensorrt")),
+            torch_tensorrt_abi=_known(details.torch_tensorrt_abi),
+            torch=_known(versions.get("torch")),
+            compute_capability=_known(details.compute_capability),
+            hardware_compatibility=_known(details.hardware_compatibility),
         )
 
     @classmethod
@@ -192,8 +212,8 @@ def check_gpu(manifest: Any, compute_capability: str | None, where: str) -> None
         return
     if facts.hardware_compatibility == HARDWARE_COMPATIBLE and built >= AMPERE and target >= AMPERE:
         return
-    fixes = (f"build it on that GPU family, or in a SageMaker job on it (mme compile --on sagemaker "
-             f"--instance-type <an instance with that GPU>)")
+    fixes = ("build it on that GPU family, or in a SageMaker job on it (mme compile --on sagemaker "
+             "--instance-type <an instance with that GPU>)")
     if target >= AMPERE:
         fixes += ", or package it with --hardware-compatible (runs on every Ampere or newer GPU, somewhat slower)"
     raise PlanIncompatibleError(
@@ -284,17 +304,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise MmeError(f"no manifest.json under {', '.join(map(str, args.paths))}; point at artifacts made by 'mme package'")
         for path in manifests:
             try:
-                data = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError) as exc:
-                raise MmeError(f"cannot read {path} ({exc}); re-run 'mme package'") from None
-            check_artifact(data, rel, compute_capability=cc, where=where)
-            for line in compat_warnings(data, rel):
+                manifest = Manifest.load(path)
+            except OSError as exc:
+                raise MmeError(f"cannot read {path} ({exc.strerror or exc}); re-run 'mme package'") from None
+            check_artifact(manifest, rel, compute_capability=cc, where=where)
+            for line in compat_warnings(manifest, rel):
                 print(f"warning: {line}", file=sys.stderr)
     except MmeError as exc:
         print(f"mme: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    gpu = f", {where}" if args.instance_type else ""
-    print(f"ok: {len(manifests)} artifact(s) load on Triton {rel.name} (TensorRT {rel.tensorrt}{gpu})")
+    on_gpu = f", {where}" if args.instance_type else ""
+    print(f"ok: {len(manifests)} artifact(s) load on Triton {rel.name} (TensorRT {rel.tensorrt}{on_gpu})")
     return 0
 
 

@@ -72,6 +72,7 @@ def write_sample_request(root: Path, model: LoadedModel, exported: ExportedModel
 
     json_body, _ = body(False)
     binary_body, header_size = body(True)
+    assert header_size is not None  # a binary body always has a JSON header
     write_bytes_atomic(root / "sample_request.json", json_body)
     write_bytes_atomic(root / "sample_request.bin", binary_body)
     return SampleRequest("sample_request.json", "sample_request.bin", int(header_size))

@@ -27,7 +27,7 @@ from packager.formats.base import package_version
 from packager.formats.gpu import check_precision, default_atol
 from packager.formats.onnx_format import MIN_OPSET
 from packager.hub import hub_reachable, use_offline_mode
-from packager.manifest import Manifest
+from packager.manifest import BuildDetails, Manifest, Source, TensorEntry, TritonSettings, TritonTarget, Validation
 from packager.model import ModelRequest, triton_model_name
 from packager.triton_config import TritonOptions, build_config
 from packager.validate import reference_cases, validate
@@ -142,22 +142,22 @@ def _manifest(request, model, fmt, exported, config, sample, tarball, staging, r
     for key in ("tensorrt", "torch_tensorrt"):
         if key in exported.details:
             versions[key] = str(exported.details[key])
-    source = {
-        "family": model.family,
-        "name": request.model.name,
-        "weights": model.weights,
-        "weights_path": str(request.model.weights_path) if model.weights == "local" else None,
-        "seed": request.model.seed if model.weights == "random" else None,
-        **{k: v for k, v in model.details.items() if v not in (None, [], "")},
-    }
-    triton = {
-        "platform": fmt.platform,
-        "backend": fmt.backend,
-        "max_batch_size": config.max_batch_size,
-        "instance_kind": request.triton.instance_kind or fmt.instance_kind,
-        "dynamic_batching": request.triton.dynamic_batching,
-        "target": release.to_dict(),
-    }
+    source = Source(
+        family=model.family,
+        name=request.model.name,
+        weights=model.weights,
+        weights_path=str(request.model.weights_path) if model.weights == "local" else None,
+        seed=request.model.seed if model.weights == "random" else None,
+        extra={k: v for k, v in model.details.items() if v not in (None, [], "")},
+    )
+    triton = TritonSettings(
+        platform=fmt.platform,
+        backend=fmt.backend,
+        max_batch_size=config.max_batch_size,
+        instance_kind=request.triton.instance_kind or fmt.instance_kind,
+        dynamic_batching=request.triton.dynamic_batching,
+        target=TritonTarget.from_release(release),
+    )
     spec_names = {e.name: s.name for s, e in zip(model.spec.inputs + model.spec.outputs, exported.inputs + exported.outputs)}
     return Manifest(
         model=triton_model_name(request.model.name),
@@ -168,12 +168,12 @@ def _manifest(request, model, fmt, exported, config, sample, tarball, staging, r
         tarball=tarball,
         files=layout.file_entries(staging),
         parameters=int(model.parameters),
-        inputs=tuple(dict(t.to_dict(), source_name=spec_names[t.name]) for t in exported.inputs),
-        outputs=tuple(dict(t.to_dict(), source_name=spec_names[t.name]) for t in exported.outputs),
+        inputs=tuple(TensorEntry.from_spec(t, spec_names[t.name]) for t in exported.inputs),
+        outputs=tuple(TensorEntry.from_spec(t, spec_names[t.name]) for t in exported.outputs),
         sample_request=sample,
         versions=versions,
-        validation=report.to_dict(),
+        validation=Validation.from_dict(report.to_dict()),
         timings_s={k: round(v, 3) for k, v in timings.items()},
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        details={k: v for k, v in exported.details.items()} | {"task": model.spec.task, "axes_max": model.spec.axes},
+        details=BuildDetails.from_dict(dict(exported.details) | {"task": model.spec.task, "axes_max": model.spec.axes}),
     )

@@ -77,21 +77,20 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
     """``server_kind`` as ``mme serve --server`` takes it; ``memory``: what is counted, "gpu"
     (NVML, the whole device), "host" (RSS of the server's process tree) or "auto" (the GPU
     whenever one is visible and the artifact is not a CPU one)."""
-    import json
     import os
     import tempfile
 
+    from packager.manifest import MANIFEST_NAME, Manifest
     from serving.memory import choose_meter
     from serving.triton.base import TritonServerConfig
     from serving.triton.factory import choose_cache_root, choose_kind, create_server, server_class
     from serving.triton.sagemaker_serve import sagemaker_settings_from_environ
 
     reporter = reporter or Reporter(quiet=True)
-    manifest_path = artifact / "manifest.json"
-    if not manifest_path.is_file():
+    if not (artifact / MANIFEST_NAME).is_file():
         raise UsageError(f"{artifact} has no manifest.json; point at artifacts/<model>/<format> made by 'mme package'")
-    manifest = json.loads(manifest_path.read_text())
-    tarball = manifest["tarball"]
+    manifest = Manifest.load(artifact)
+    tarball = manifest.tarball
     kind = choose_kind(server_kind)
     root = choose_cache_root(cache_dir, server_class(kind).required_model_root())
     with tempfile.TemporaryDirectory(prefix="mme-capacity-") as tmp:
@@ -101,7 +100,7 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
         config = TritonServerConfig(sagemaker_port=0, http_port=None, grpc_port=None, metrics_port=None,
                                     sagemaker_env=sagemaker_settings_from_environ(os.environ))
         server = create_server(kind, config, model_root=cache.root)
-        meter = choose_meter(memory, server.pids, instance_kind=(manifest.get("triton") or {}).get("instance_kind"))
+        meter = choose_meter(memory, server.pids, instance_kind=manifest.triton.instance_kind)
         limit = limit_bytes or meter.total()
         budget = threshold * limit
         server.start()
@@ -119,7 +118,7 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
                 return time.perf_counter() - started
 
             baseline = used()
-            reporter.info(f"==> capacity of {manifest['model']} ({manifest['format']}): baseline {baseline / 2**20:.0f} MiB, "
+            reporter.info(f"==> capacity of {manifest.model} ({manifest.format}): baseline {baseline / 2**20:.0f} MiB, "
                           f"limit {limit / 2**20:.0f} MiB, threshold {threshold:.0%}; counting {meter.description}")
             steps: list[CapacityStep] = []
             memory_now = baseline
@@ -161,7 +160,7 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
         for name, row in (instances or load_instances()).items()
     )
     return CapacityReport(
-        model=manifest["model"], format=manifest["format"], memory_kind=meter.description, limit_bytes=limit,
+        model=manifest.model, format=manifest.format, memory_kind=meter.description, limit_bytes=limit,
         threshold=threshold, baseline_bytes=baseline, steps=tuple(steps), footprint_mean_bytes=int(mean),
         footprint_min_bytes=min(deltas), footprint_max_bytes=max(deltas), predicted_copies=predicted,
         actual_copies=actual, projections=projections, leak_check=leak,

@@ -181,7 +181,7 @@ def _unpack(tarball: Path, into: Path, limits: ExtractLimits, name: str,
         fh.seek(0)
         hashing = _HashingReader(fh)
         try:
-            with gzip.GzipFile(fileobj=hashing, mode="rb") as gz:  # type: ignore[arg-type]
+            with gzip.GzipFile(fileobj=hashing, mode="rb") as gz:  # type: ignore[call-overload]  # duck-typed reader
                 with tarfile.open(fileobj=gz, mode="r|") as tar:
                     for member in tar:
                         members += 1

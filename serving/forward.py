@@ -119,6 +119,7 @@ class Forwarder:
                         return task.result()
                     error = task.exception()
                 if not pending:
+                    assert error is not None  # every copy is done and none succeeded
                     raise error  # every copy failed: the last failure stands for them
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:

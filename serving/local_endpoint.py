@@ -143,7 +143,7 @@ class LocalEndpoint:
         self.disk_limit_bytes = options.disk_limit_bytes or default_disk_limit(Path(cache_dir))
         self.cache = ModelCache(cache_dir, source, disk_limit_bytes=self.disk_limit_bytes, in_use=self._in_use)
         self.server = create_server(kind, config, model_root=self.cache.root)
-        instance_kind = manifest.triton.get("instance_kind") if manifest is not None else None
+        instance_kind = manifest.triton.instance_kind if manifest is not None else None
         self.meter: MemoryMeter = choose_meter(options.memory, self.server.pids, instance_kind=instance_kind)
         self.sampler = InstanceSampler(self.server.pids, self.cache.root)
         self.endpoint: MultiModelEndpoint | None = None
@@ -204,20 +204,20 @@ class LocalEndpoint:
                                "that was killed (pids " + ", ".join(map(str, self.server.swept)) + ")")
         for notice in self.server.notices:
             self.reporter.warn(notice)
-        self._loop = new_event_loop()
+        self._loop = loop = new_event_loop()
         ready = threading.Event()
         failure: list[BaseException] = []
 
         def run() -> None:
-            asyncio.set_event_loop(self._loop)
+            asyncio.set_event_loop(loop)
             try:
-                self._loop.run_until_complete(self._start_async())
+                loop.run_until_complete(self._start_async())
             except BaseException as exc:  # reported to the starting thread below
                 failure.append(exc)
                 ready.set()
                 return
             ready.set()
-            self._loop.run_forever()
+            loop.run_forever()
 
         self._thread = threading.Thread(target=run, name="mme-endpoint", daemon=True)
         self._thread.start()

@@ -233,7 +233,7 @@ class EndpointMetrics:
                                 GPUMemoryUtilization=pct(reading.gpu_memory_percent))
 
     # -- reading ------------------------------------------------------------------------------
-    def _copy(self) -> tuple[dict[str, int], dict[str, int], dict[str, _Stat], _Stat, dict]:
+    def _copy(self) -> tuple[dict[str, float], dict[str, int], dict[str, _Stat], _Stat, dict]:
         with self._lock:
             return (dict(self._counts), dict(self._outcomes), {n: s.copy() for n, s in self._stats.items()},
                     self._cache_hit.copy(), dict(self._gauges))

@@ -59,8 +59,15 @@ class ModelFormat(Protocol):
     name: str
     description: str
     requires_gpu: bool
-    platform: str | None  # Triton platform (onnxruntime_onnx, ...) or None
-    backend: str | None  # Triton backend (python) or None
+
+    @property
+    def platform(self) -> str | None:
+        """Triton platform (onnxruntime_onnx, ...) or None."""
+
+    @property
+    def backend(self) -> str | None:
+        """Triton backend (python) or None."""
+
     instance_kind: str  # KIND_GPU | KIND_CPU
 
     def check_available(self, release: Release) -> None:

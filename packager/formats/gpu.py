@@ -162,8 +162,7 @@ def layer_precisions(engine_information: str) -> dict[str, int]:
     for layer in info.get("Layers", []) if isinstance(info, dict) else []:
         if not isinstance(layer, dict):
             continue
-        kinds = {_dtype_of(out) for out in layer.get("Outputs", []) if isinstance(out, dict)}
-        kinds.discard(None)
+        kinds = {kind for out in layer.get("Outputs", []) if isinstance(out, dict) and (kind := _dtype_of(out)) is not None}
         key = "/".join(sorted(kinds)) if kinds else "unknown"
         counts[key] = counts.get(key, 0) + 1
     return dict(sorted(counts.items()))

@@ -195,7 +195,7 @@ def load(request: ModelRequest, reporter: Reporter) -> LoadedModel:
 def _tokenizer(name: str, request: ModelRequest, weights: str):
     from transformers import AutoTokenizer
 
-    source = str(request.weights_path) if weights == "local" and Path(request.weights_path).is_dir() else name
+    source = str(request.weights_path) if weights == "local" and request.weights_path is not None and Path(request.weights_path).is_dir() else name
     try:
         return AutoTokenizer.from_pretrained(source)
     except Exception:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -39,7 +39,7 @@ def load(request: ModelRequest, reporter: Reporter) -> LoadedModel:
     import timm
     import torch
 
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     if request.image_size is not None:
         cfg = timm.get_pretrained_cfg(request.name.split(".", 1)[0])
         if cfg is not None and getattr(cfg, "fixed_input_size", False):

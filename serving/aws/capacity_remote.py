@@ -32,6 +32,7 @@ from typing import Any
 from mme.errors import UsageError
 from mme.fsutil import deterministic_tar_gz
 from mme.progress import Reporter
+from packager.manifest import Manifest
 from serving.aws.errors import AwsError
 from serving.aws.s3push import (
     Artifact, TransferSettings, copy_object, execute_push, head, load_artifact, matches, plan_push, verify,
@@ -199,8 +200,7 @@ def measure_remote_capacity(s3: Any, invoker: EndpointInvoker, request: RemoteCa
     if request.max_copies < 1:
         raise UsageError(f"--max-copies must be 1 or more (got {request.max_copies})")
     artifact = load_artifact(request.artifact, allow_random_weights=True)  # a load test: outputs do not matter
-    manifest = json.loads((artifact.directory / "manifest.json").read_text())
-    sample = manifest.get("sample_request", {}).get("json_file", "sample_request.json")
+    sample = Manifest.load(artifact.directory).sample_request.json_file
     sample_path = artifact.directory / sample
     if not sample_path.is_file():
         raise UsageError(f"{sample_path} is missing; re-run 'mme package' for this artifact")

@@ -189,7 +189,7 @@ def to_json(report: MetricsReport) -> dict:
 
 
 def csv_rows(report: MetricsReport) -> Iterable[tuple]:
-    rows = []
+    rows: list[tuple] = []
     for s in report.series:
         rows.extend((t, s.namespace, s.metric, s.stat, s.unit, v) for t, v in zip(s.timestamps, s.values))
     return sorted(rows, key=lambda r: (r[0], r[1], r[2], r[3]))

@@ -32,6 +32,7 @@ from mme.fsutil import deterministic_tar_gz, sha256_of, staged_directory
 from mme.progress import Reporter
 from mme.versions import release as triton_release, require_sagemaker_image, same_tensorrt
 from packager.compat import check_release_on_gpu
+from packager.manifest import BuildDetails, FileEntry, Manifest, TritonSettings, TritonTarget, Validation
 from serving.aws.errors import AwsError, CompileFailed, Interrupted, WaitTimeout
 from serving.aws.images import check_image_uri, triton_image_uri
 from serving.aws.s3push import SHA_KEY, TransferSettings, head, matches, upload_file, verify
@@ -86,7 +87,7 @@ class CompileRequest:
 @dataclass(frozen=True)
 class OnnxArtifact:
     directory: Path
-    manifest: Any  # packager.manifest.Manifest
+    manifest: Manifest
     onnx: Path
     config: Path
     sha256: str
@@ -97,8 +98,6 @@ class OnnxArtifact:
 
 
 def load_onnx_artifact(directory: Path) -> OnnxArtifact:
-    from packager.manifest import Manifest
-
     directory = Path(directory)
     if not directory.is_dir():
         raise AwsError(f"--artifact {directory} does not exist; pass artifacts/<model>/onnx made by 'mme package --formats onnx'")
@@ -119,21 +118,20 @@ def load_onnx_artifact(directory: Path) -> OnnxArtifact:
     return OnnxArtifact(directory, manifest, onnx, config, sha256_of(onnx))
 
 
-def profile_shapes(manifest: Any, max_batch: int) -> dict[str, dict[str, list[int]]]:
+def profile_shapes(manifest: Manifest, max_batch: int) -> dict[str, dict[str, list[int]]]:
     """min/opt/max shape per input: batch 1..max (opt: ``opt_batch``), dynamic axes 1..their
     max (opt at the max), as ``packager.formats.gpu.profile_shapes`` builds them locally."""
     from packager.formats.gpu import opt_batch
 
-    axes_max = dict(manifest.details.get("axes_max") or {})
+    axes_max = manifest.details.axes_max
     shapes: dict[str, dict[str, list[int]]] = {"min": {}, "opt": {}, "max": {}}
     for tensor in manifest.inputs:
-        dims, axes = list(tensor["dims"]), list(tensor.get("axes") or [None] * len(tensor["dims"]))
         low, high = [], []
-        for dim, axis in zip(dims, axes):
+        for dim, axis in zip(tensor.dims, tensor.dim_axes):
             if dim == -1:
                 if axis not in axes_max:
                     raise AwsError(
-                        f"input {tensor['name']} has a dynamic dimension without a known maximum (axis {axis!r}); re-package with mme package"
+                        f"input {tensor.name} has a dynamic dimension without a known maximum (axis {axis!r}); re-package with mme package"
                     )
                 low.append(1)
                 high.append(int(axes_max[axis]))
@@ -141,13 +139,13 @@ def profile_shapes(manifest: Any, max_batch: int) -> dict[str, dict[str, list[in
                 low.append(int(dim))
                 high.append(int(dim))
         if max_batch > 0:
-            shapes["min"][tensor["name"]] = [1] + low
-            shapes["opt"][tensor["name"]] = [opt_batch(max_batch)] + high
-            shapes["max"][tensor["name"]] = [max_batch] + high
+            shapes["min"][tensor.name] = [1] + low
+            shapes["opt"][tensor.name] = [opt_batch(max_batch)] + high
+            shapes["max"][tensor.name] = [max_batch] + high
         elif low != high:  # no batch dimension, but dynamic axes
-            shapes["min"][tensor["name"]] = low
-            shapes["opt"][tensor["name"]] = high
-            shapes["max"][tensor["name"]] = high
+            shapes["min"][tensor.name] = low
+            shapes["opt"][tensor.name] = high
+            shapes["max"][tensor.name] = high
     return shapes
 
 
@@ -236,8 +234,8 @@ def plan_compile(request: CompileRequest, region: str, s3: Any, store: StateDir,
     uri = S3Uri.parse(request.s3)
     check_bucket(s3, uri.bucket, region)
     manifest = artifact.manifest
-    max_batch = request.max_batch_size or int(manifest.triton.get("max_batch_size") or 0)
-    release = request.triton_release or str(manifest.triton.get("target", {}).get("release") or "") or None
+    max_batch = request.max_batch_size or manifest.triton.max_batch_size
+    release = request.triton_release or manifest.triton.release or None
     rel = triton_release(release)
     require_sagemaker_image(rel, request.image_uri, "run the compile job in its Triton image")
     gpu = instance_gpu(request.instance_type)
@@ -407,8 +405,6 @@ def _tensorrt_config(onnx_config: Path, max_batch: int, io_dtypes: dict) -> str:
 
 def write_tensorrt_artifact(plan: CompilePlan, artifact: OnnxArtifact, plan_file: Path, info: dict, job: dict) -> Path:
     """The tensorrt artifact directory, laid out like 'mme package' lays it out, swapped in atomically."""
-    from packager.manifest import FileEntry, Manifest
-
     onnx_manifest = artifact.manifest
     name = artifact.model
     rel = triton_release(plan.release)
@@ -428,7 +424,7 @@ def write_tensorrt_artifact(plan: CompilePlan, artifact: OnnxArtifact, plan_file
             for p in sorted(staging.rglob("*")) if p.is_file()
         )
         version = str(info.get("tensorrt") or "unknown")
-        details = {
+        details = BuildDetails.from_dict({
             "tensorrt": version,
             "precision": plan.precision,
             "builder_settings": {"command": info.get("command")} if info.get("command") else {},
@@ -441,25 +437,25 @@ def write_tensorrt_artifact(plan: CompilePlan, artifact: OnnxArtifact, plan_file
             "training_image": plan.image_uri,
             "onnx_sha256": artifact.sha256,
             "profile_shapes": plan.build_config["shapes"],
-            "task": onnx_manifest.details.get("task"),
-            "axes_max": onnx_manifest.details.get("axes_max", {}),
-        }
-        triton = {
-            "platform": "tensorrt_plan",
-            "backend": None,
-            "max_batch_size": plan.max_batch_size,
-            "instance_kind": "KIND_GPU",
-            "dynamic_batching": onnx_manifest.triton.get("dynamic_batching"),
-            "target": rel.to_dict(),
-        }
+            "task": onnx_manifest.details.task,
+            "axes_max": onnx_manifest.details.axes_max,
+        })
+        triton = TritonSettings(
+            platform="tensorrt_plan",
+            backend=None,
+            max_batch_size=plan.max_batch_size,
+            instance_kind="KIND_GPU",
+            dynamic_batching=onnx_manifest.triton.dynamic_batching,
+            target=TritonTarget.from_release(rel),
+        )
         versions = dict(onnx_manifest.versions) | {"mme-toolkit": __version__, "python": platform.python_version(), "tensorrt": version}
         seconds = job.get("TrainingTimeInSeconds") or job.get("BillableTimeInSeconds")
         manifest = Manifest(
-            model=name, requested_name=onnx_manifest.requested_name, format="tensorrt", source=dict(onnx_manifest.source),
+            model=name, requested_name=onnx_manifest.requested_name, format="tensorrt", source=onnx_manifest.source,
             triton=triton, tarball=tarball.name, files=files, parameters=onnx_manifest.parameters,
             inputs=onnx_manifest.inputs, outputs=onnx_manifest.outputs, sample_request=sample, versions=versions,
-            validation={"passed": None, "skipped": f"built remotely by SageMaker training job {plan.job_name}; "
-                        "not compared with PyTorch here (run the model on the endpoint to check it)"},
+            validation=Validation(passed=None, skipped=f"built remotely by SageMaker training job {plan.job_name}; "
+                                  "not compared with PyTorch here (run the model on the endpoint to check it)"),
             timings_s={"compile_job": float(seconds)} if seconds else {},
             created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             details=details,

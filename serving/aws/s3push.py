@@ -85,7 +85,7 @@ def load_artifact(directory: Path, allow_random_weights: bool = False, reporter:
     if not directory.is_dir():
         raise AwsError(f"artifact directory {directory} does not exist; pass artifacts/<model>/<format> made by 'mme package'")
     manifest = Manifest.load(directory)
-    weights = str(manifest.source.get("weights", "unknown"))
+    weights = manifest.source.weights
     if weights == "random":
         if not allow_random_weights:
             raise RandomWeightsRefused(
@@ -102,8 +102,7 @@ def load_artifact(directory: Path, allow_random_weights: bool = False, reporter:
     sha = sha256_of(tarball)
     if recorded is not None and (recorded.sha256 != sha or recorded.bytes != size):
         raise AwsError(f"{tarball} differs from the one recorded in its manifest; re-run 'mme package' instead of editing artifacts")
-    release = str(manifest.triton.get("target", {}).get("release", ""))
-    rel = triton_release(release or None)
+    rel = triton_release(manifest.triton.release or None)
     facts = EngineFacts.of(manifest)
     cc, where = None, "the target GPU"
     if instance_type:

@@ -28,7 +28,7 @@ import urllib.request
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
-from typing import Mapping, Sequence
+from typing import IO, Mapping, Sequence
 
 import psutil
 
@@ -226,7 +226,7 @@ class TritonServer(abc.ABC):
         self.config = self.requested_config  # ports resolved at start()
         self._proc: subprocess.Popen | None = None
         self._workdir: Path | None = None
-        self._log_handle = None
+        self._log_handle: IO[bytes] | None = None
         self._known_children: dict[int, psutil.Process] = {}
         self.instance_id = uuid.uuid4().hex  # in the environment of every process it starts
         self.startup_s: float | None = None
@@ -322,7 +322,7 @@ class TritonServer(abc.ABC):
     def start(self) -> None:
         """Launch the server and return once ``GET /ping`` answers 200."""
         if self.is_running():
-            raise TritonServerError(f"{self.name} is already running (pid {self._proc.pid}); stop() it first")
+            raise TritonServerError(f"{self.name} is already running (pid {self.pid}); stop() it first")
         if self._proc is not None:  # it died on its own: clear what it left first
             self._shutdown()
         self._before_start()
@@ -332,6 +332,7 @@ class TritonServer(abc.ABC):
         repository = self._workdir / "model-repository"
         repository.mkdir(exist_ok=True)
         log_path = self.log_path
+        assert log_path is not None  # the work directory exists from here on
         log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = self.command(repository)
         self.swept = sweep_orphans()
@@ -364,10 +365,12 @@ class TritonServer(abc.ABC):
 
     def _wait_until_healthy(self, started: float) -> None:
         deadline = started + self.config.startup_timeout_s
+        proc, log_path = self._proc, self.log_path
+        assert proc is not None and log_path is not None  # called by start() right after Popen
         while True:
-            code = self._proc.poll()
+            code = proc.poll()
             if code is not None:
-                tail = log_tail(self.log_path)
+                tail = log_tail(log_path)
                 self.stop()
                 raise TritonStartupError(
                     f"tritonserver exited with code {code} before answering GET /ping; last log lines: {tail}"
@@ -375,7 +378,7 @@ class TritonServer(abc.ABC):
             if ping_status(self.sagemaker_url, timeout_s=1.0) == 200:
                 return
             if time.monotonic() > deadline:
-                tail = log_tail(self.log_path)
+                tail = log_tail(log_path)
                 self.stop()
                 raise TritonStartupError(
                     f"tritonserver did not answer GET {self.sagemaker_url}/ping within "
@@ -441,9 +444,11 @@ class TritonServer(abc.ABC):
         self._after_stop()
 
     def _terminate_group(self, grace_s: float) -> None:
-        pgid = self._proc.pid  # start_new_session: the server leads its own group
+        server = self._proc
+        assert server is not None  # called by stop() only while there is a process
+        pgid = server.pid  # start_new_session: the server leads its own group
         procs = {p.pid: p for p in process_group_members(pgid, self.instance_id)}
-        if self._proc.poll() is None:
+        if server.poll() is None:
             with contextlib.suppress(psutil.NoSuchProcess):
                 root = psutil.Process(pgid)
                 procs.update({p.pid: p for p in [root, *root.children(recursive=True)]})
@@ -451,13 +456,13 @@ class TritonServer(abc.ABC):
         self._signal_all(pgid, list(procs.values()), signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
-            self._proc.poll()
+            server.poll()
             if not any(alive(p) for p in procs.values()):
                 break
             time.sleep(0.05)
         else:
             self._signal_all(pgid, [p for p in procs.values() if alive(p)], signal.SIGKILL)
-        self._proc.wait(timeout=self.config.stop_grace_s)
+        server.wait(timeout=self.config.stop_grace_s)
         psutil.wait_procs([p for p in procs.values() if p.pid != pgid], timeout=self.config.stop_grace_s)
         self._known_children.clear()
 
@@ -484,6 +489,7 @@ class TritonServer(abc.ABC):
         self.stop()
 
     def __del__(self) -> None:
-        if getattr(self, "_proc", None) is not None and self._proc.poll() is None:
+        proc = getattr(self, "_proc", None)
+        if proc is not None and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self._proc.pid, signal.SIGKILL)
+                os.killpg(proc.pid, signal.SIGKILL)

@@ -186,14 +186,20 @@ class LocalTritonServer(TritonServer):
     def command(self, model_repository: Path) -> list[str]:
         """serve's argv for the wheel's tritonserver (flags it lacks dropped), then the wheel's
         backends and caches and this server's shared-memory prefix."""
-        if self._dist is None:  # command() before start(): resolve now, same rules
-            self._before_start()
+        dist = self._distribution()
         kind_args = [
             f"--backend-directory={self._backends}",
-            f"--cache-directory={self._dist.caches}",
+            f"--cache-directory={dist.caches}",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
         ]
-        return self._ported_command(self._dist.binary, model_repository, kind_args, bind_host=self.config.host)
+        return self._ported_command(dist.binary, model_repository, kind_args, bind_host=self.config.host)
+
+    def _distribution(self) -> TritonDistribution:
+        """The wheel's Triton, resolved on first use (command() may come before start())."""
+        if self._dist is None:
+            self._before_start()
+        assert self._dist is not None  # _before_start() resolves it or raises
+        return self._dist
 
     def binary_label(self) -> str:
         version = wheel_version()
@@ -202,7 +208,7 @@ class LocalTritonServer(TritonServer):
 
     def _serve_environment(self) -> dict[str, str]:
         env = super()._serve_environment()
-        libs = [str(p) for p in self._dist.library_path()]
+        libs = [str(p) for p in self._distribution().library_path()]
         if env.get("LD_LIBRARY_PATH"):
             libs.append(env["LD_LIBRARY_PATH"])
         env["LD_LIBRARY_PATH"] = os.pathsep.join(libs)

@@ -159,11 +159,13 @@ class SystemTritonServer(TritonServer):
     def _tritonserver_on_path(self) -> Path | None:
         """None when PATH already finds ``self.binary`` as ``tritonserver``; else a private
         directory with a ``tritonserver`` link to it, to put first on PATH."""
+        binary = self.binary
+        assert binary is not None  # resolved by _before_start()
         found = shutil.which("tritonserver", path=self._base_path())
-        if found and os.path.samefile(found, self.binary):
+        if found and os.path.samefile(found, binary):
             return None
         directory = Path(tempfile.mkdtemp(prefix="mme-tritonserver-bin-"))
-        (directory / "tritonserver").symlink_to(self.binary.resolve())
+        (directory / "tritonserver").symlink_to(binary.resolve())
         return directory
 
     def binary_label(self) -> str:
@@ -180,6 +182,7 @@ class SystemTritonServer(TritonServer):
             self._before_start()
         if self.serve_script is not None:
             return ["bash", str(self.serve_script)]
+        assert self.binary is not None  # resolved by _before_start()
         return self._ported_command(self.binary, model_repository, self._kind_args(), bind_host=self.config.host)
 
     def _base_path(self) -> str:

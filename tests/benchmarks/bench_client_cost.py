@@ -111,7 +111,7 @@ def client_costs(url: str, requests: int) -> dict:
     rows = {}
     # Interleave two rounds each so a slow patch of the machine hits both alike.
     for name, invoker in (("boto3", boto), ("fast", fast), ("boto3 (2)", boto), ("fast (2)", fast)):
-        rows[name] = measure(lambda: invoker.invoke("model-v1.tar.gz"), requests)
+        rows[name] = measure(lambda invoker=invoker: invoker.invoke("model-v1.tar.gz"), requests)
     boto.close()
     fast.close()
     best = {name: min(rows[name]["cpu_ms_per_request"], rows[f"{name} (2)"]["cpu_ms_per_request"]) for name in ("boto3", "fast")}

@@ -4,10 +4,9 @@ the service model), artifact copies to change, and the command line run in-proce
 
 from __future__ import annotations
 
-import json
 import shutil
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -84,15 +83,14 @@ def artifact(test_resnet_cpu_local, tmp_path: Path) -> Path:
 def rewrite_tarball(directory: Path, data: bytes) -> None:
     """Replace an artifact's tarball and record it in the manifest, as a re-package would."""
     from mme.fsutil import sha256_of
+    from packager.manifest import FileEntry, Manifest
 
-    manifest_path = directory / "manifest.json"
-    manifest = json.loads(manifest_path.read_text())
-    tarball = directory / manifest["tarball"]
+    manifest = Manifest.load(directory)
+    tarball = directory / manifest.tarball
     tarball.write_bytes(data)
-    for entry in manifest["files"]:
-        if entry["path"] == manifest["tarball"]:
-            entry["sha256"], entry["bytes"] = sha256_of(tarball), tarball.stat().st_size
-    manifest_path.write_text(json.dumps(manifest, indent=2))
+    files = tuple(FileEntry(e.path, sha256_of(tarball), tarball.stat().st_size) if e.path == manifest.tarball else e
+                  for e in manifest.files)
+    replace(manifest, files=files).write(directory)
 
 
 @pytest.fixture
@@ -103,10 +101,12 @@ def change_tarball() -> Callable[[Path, bytes], None]:
 @pytest.fixture
 def onnx_artifact(artifact: Path) -> Path:
     """The copy turned into an onnx-format artifact (same model.onnx, onnxruntime config), for compile tests."""
-    manifest = json.loads((artifact / "manifest.json").read_text())
-    manifest["format"] = "onnx"
-    manifest["triton"].update(platform="onnxruntime_onnx", backend=None, instance_kind="KIND_GPU")
-    model_dir = artifact / manifest["model"]
+    from packager.manifest import Manifest
+
+    manifest = Manifest.load(artifact)
+    manifest = replace(manifest, format="onnx", triton=replace(manifest.triton, platform="onnxruntime_onnx", backend=None,
+                                                               instance_kind="KIND_GPU"))
+    model_dir = artifact / manifest.model
     (model_dir / "1" / "model.py").unlink()
     (model_dir / "config.pbtxt").write_text(
         'platform: "onnxruntime_onnx"\nmax_batch_size: 16\n'
@@ -114,7 +114,7 @@ def onnx_artifact(artifact: Path) -> Path:
         'output { name: "logits" data_type: TYPE_FP32 dims: [1000] }\n'
         'instance_group { count: 1 kind: KIND_GPU }\ndynamic_batching { max_queue_delay_microseconds: 100 }\n'
     )
-    (artifact / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    manifest.write(artifact)
     onnx_dir = artifact.parent / "onnx"
     artifact.rename(onnx_dir)
     return onnx_dir

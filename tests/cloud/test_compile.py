@@ -62,7 +62,7 @@ def test_plan_builds_a_valid_training_job_request(s3env, onnx_artifact, tmp_path
     model = botocore.session.get_session().get_service_model("sagemaker")
     validate_parameters(request, model.operation_model("CreateTrainingJob").input_shape)
     assert request["ResourceConfig"]["InstanceType"] == "ml.g5.2xlarge"
-    release = artifact.manifest.triton["target"]["release"]
+    release = artifact.manifest.triton.release
     assert request["AlgorithmSpecification"]["TrainingImage"].endswith(f"/sagemaker-tritonserver:{release}-py3")
     assert request["AlgorithmSpecification"]["ContainerEntrypoint"] == ["python3", "/opt/ml/input/data/code/trt_build_entry.py"]
     channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in request["InputDataConfig"]}
@@ -75,15 +75,17 @@ def test_plan_builds_a_valid_training_job_request(s3env, onnx_artifact, tmp_path
 
 
 def test_dynamic_axes_take_their_maximum_from_the_manifest():
+    from packager.manifest import BuildDetails, TensorEntry
+
     class Manifest:
-        inputs = ({"name": "input_ids", "dims": [-1], "axes": ["sequence"]},
-                  {"name": "attention_mask", "dims": [-1], "axes": ["sequence"]})
-        details = {"axes_max": {"sequence": 128}}
+        inputs = (TensorEntry("input_ids", "INT64", (-1,), ("sequence",)),
+                  TensorEntry("attention_mask", "INT64", (-1,), ("sequence",)))
+        details = BuildDetails({"axes_max": {"sequence": 128}})
 
     shapes = remote.profile_shapes(Manifest, 16)
     assert shapes["min"]["input_ids"] == [1, 1] and shapes["opt"]["input_ids"] == [8, 128] and shapes["max"]["attention_mask"] == [16, 128]
     assert trt_build_entry.shape_arg(shapes["max"]) == "input_ids:16x128,attention_mask:16x128"
-    Manifest.details = {}
+    Manifest.details = BuildDetails()
     with pytest.raises(AwsError, match="without a known maximum"):
         remote.profile_shapes(Manifest, 16)
 
@@ -120,9 +122,13 @@ def test_compile_runs_the_job_and_writes_the_tensorrt_artifact(s3env, onnx_artif
 
     manifest = Manifest.load(out)
     assert manifest.format == "tensorrt" and manifest.versions["tensorrt"] == expected_trt
-    assert manifest.details["gpu"] == "NVIDIA A10G" and manifest.details["compute_capability"] == "8.6"
-    assert manifest.details["built_on"] == "ml.g5.2xlarge" and manifest.details["training_job"] == plan.job_name
-    assert manifest.triton["platform"] == "tensorrt_plan" and manifest.timings_s == {"compile_job": 312.0}
+    assert manifest.details.gpu == "NVIDIA A10G" and manifest.details.compute_capability == "8.6"
+    assert manifest.details.built_on == "ml.g5.2xlarge" and manifest.details.training_job == plan.job_name
+    assert manifest.triton.platform == "tensorrt_plan" and manifest.timings_s == {"compile_job": 312.0}
+    assert manifest.triton.release == plan.release and manifest.triton.instance_kind == "KIND_GPU"
+    assert manifest.source == artifact.manifest.source and manifest.inputs == artifact.manifest.inputs
+    assert manifest.details.axes_max == artifact.manifest.details.axes_max
+    assert manifest.validation.passed is None and plan.job_name in manifest.validation.skipped
     check_plan_compatible(manifest, triton_release(plan.release))
     config = text_format.Parse((out / "test_resnet" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
     assert config.platform == "tensorrt_plan" and not config.backend and config.max_batch_size == 16

@@ -6,6 +6,7 @@ compile asks TensorRT for what its major version accepts (an FP16 graph for Tens
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import onnx
@@ -16,6 +17,7 @@ from mme.errors import MmeError
 from mme.progress import Reporter
 from mme.versions import NoSageMakerImageError, release
 from packager.compat import PlanIncompatibleError
+from packager.manifest import Manifest, TritonTarget
 from serving.aws import compile as remote
 from serving.aws import deploy
 from serving.aws.s3push import PushRequest, push
@@ -27,22 +29,20 @@ ROLE = "arn:aws:iam::123456789012:role/SageMakerExecution"
 
 def as_engine(artifact, *, release_name="25.09", cc="9.0", hardware="none", tensorrt=None):
     """Turn the copied artifact's manifest into a TensorRT plan's (format and engine facts only)."""
-    path = artifact / "manifest.json"
-    manifest = json.loads(path.read_text())
-    manifest["format"] = "tensorrt"
-    manifest["triton"].update(platform="tensorrt_plan", backend=None, instance_kind="KIND_GPU",
-                              target=release(release_name).to_dict())
-    manifest["versions"]["tensorrt"] = tensorrt or release(release_name).tensorrt
-    manifest["details"].update(compute_capability=cc, hardware_compatibility=hardware, gpu="NVIDIA H200")
-    path.write_text(json.dumps(manifest))
+    manifest = Manifest.load(artifact)
+    replace(
+        manifest, format="tensorrt",
+        triton=replace(manifest.triton, platform="tensorrt_plan", backend=None, instance_kind="KIND_GPU",
+                       target=TritonTarget.from_release(release(release_name))),
+        versions=manifest.versions | {"tensorrt": tensorrt or release(release_name).tensorrt},
+        details=manifest.details.updated(compute_capability=cc, hardware_compatibility=hardware, gpu="NVIDIA H200"),
+    ).write(artifact)
     return artifact
 
 
 def retarget(artifact, release_name):
-    path = artifact / "manifest.json"
-    manifest = json.loads(path.read_text())
-    manifest["triton"]["target"] = release(release_name).to_dict()
-    path.write_text(json.dumps(manifest))
+    manifest = Manifest.load(artifact)
+    replace(manifest, triton=replace(manifest.triton, target=TritonTarget.from_release(release(release_name)))).write(artifact)
     return artifact
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from mme.fsutil import sha256_of
 from mme.progress import Reporter
+from packager.manifest import Manifest
 from serving.aws.errors import RandomWeightsRefused, VerificationError
 from serving.aws.images import triton_image_uri
 from serving.aws.s3push import PushHooks, PushRequest, TransferSettings, push
@@ -193,7 +194,7 @@ def test_cli_push_then_deploy_dry_run_prints_the_exact_plan(s3env, artifact, run
     lines = out.splitlines()
     assert lines[0] == "deploy plan: endpoint mme-resnet in us-east-1 (multi-model, ml.g5.2xlarge)"
     assert lines[1] == f"  model data: {uri}/"
-    release = json.loads((artifact / "manifest.json").read_text())["triton"]["target"]["release"]
+    release = Manifest.load(artifact).triton.release
     image = triton_image_uri("us-east-1", release)  # the pushed artifacts' release, from their metadata
     assert image.startswith("763104351884.dkr.ecr.us-east-1.amazonaws.com/sagemaker-tritonserver:")
     assert lines[2] == f"  image:      {image}"

@@ -192,7 +192,12 @@ def test_engine_facts_round_trip_through_s3_metadata():
 def test_command_line_checks_every_manifest_under_the_paths(tmp_path, capsys):
     good = tmp_path / "artifacts" / "resnet50" / "tensorrt"
     good.mkdir(parents=True)
-    (good / "manifest.json").write_text(json.dumps(manifest(tensorrt="11.1.0.106", cc="8.6")))
+    # a whole manifest, as 'mme package' writes it (the command reads them with Manifest.load)
+    whole = manifest(tensorrt="11.1.0.106", cc="8.6") | {
+        "source": {"family": "timm", "name": "resnet50", "weights": "pretrained"}, "tarball": "resnet50.tar.gz",
+        "files": [], "inputs": [], "outputs": [],
+        "sample_request": {"json_file": "sample_request.json", "binary_file": "sample_request.bin", "binary_header_size": 0}}
+    (good / "manifest.json").write_text(json.dumps(whole))
     assert main(["--release", "26.07", str(tmp_path / "artifacts")]) == 0
     assert "ok: 1 artifact(s) load on Triton 26.07" in capsys.readouterr().out
     assert main(["--release", "26.07", "--instance-type", "ml.g5.2xlarge", str(good)]) == 0

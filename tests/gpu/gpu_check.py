@@ -289,12 +289,12 @@ def manifest_inputs(directory: Path) -> tuple[list[tuple[int, ...]], list[str]]:
     from packager.manifest import Manifest
 
     manifest = Manifest.load(directory)
-    axes = manifest.details.get("axes_max") or {}
+    axes = manifest.details.axes_max
     shapes, dtypes = [], []
     for tensor in manifest.inputs:
-        dims = [axes[a] if d == -1 else d for d, a in zip(tensor["dims"], tensor.get("axes") or [None] * len(tensor["dims"]))]
+        dims = [axes[a] if d == -1 else d for d, a in zip(tensor.dims, tensor.dim_axes)]
         shapes.append(tuple(int(d) for d in dims))
-        dtypes.append({"FP32": "float32", "INT64": "int64", "INT32": "int64"}[tensor["datatype"]])
+        dtypes.append({"FP32": "float32", "INT64": "int64", "INT32": "int64"}[tensor.datatype])
     return shapes, dtypes
 
 
@@ -364,8 +364,11 @@ def copy_loader(path: Path, shapes, dtypes, max_batch: int, device: str = "cuda"
 def gpu_python_model(torchscript: Path, out: Path, device: str = "cuda") -> Path:
     """A python-backend copy of a TorchScript artifact that runs it with PyTorch on CUDA, laid
     out like ``mme package`` output (model directory, tarball, manifest) for ``mme capacity``."""
-    from mme.fsutil import deterministic_tar_gz, write_json_atomic
-    from packager.manifest import Manifest
+    from dataclasses import replace
+
+    from mme.fsutil import deterministic_tar_gz
+    from packager.layout import file_entries
+    from packager.manifest import Manifest, Validation
     from packager.triton_config import read_config, write_config
 
     manifest = Manifest.load(torchscript)
@@ -382,13 +385,19 @@ def gpu_python_model(torchscript: Path, out: Path, device: str = "cuda") -> Path
     write_config(config, model_dir / "config.pbtxt")
     shutil.copyfile(torchscript / name / "1" / "model.pt", model_dir / "1" / "model.pt")
     shutil.copyfile(Path(__file__).with_name("torchscript_cuda_model.py"), model_dir / "1" / "model.py")
+    sample = manifest.sample_request
+    for sample_file in (sample.json_file, sample.binary_file):
+        if (torchscript / sample_file).is_file():
+            shutil.copyfile(torchscript / sample_file, artifact / sample_file)
     tarball = artifact / f"{name}.tar.gz"
     deterministic_tar_gz(model_dir, name, tarball)
-    write_json_atomic(artifact / "manifest.json", {
-        "schema_version": 1, "model": name, "format": "torchscript-cuda-python", "tarball": tarball.name,
-        "triton": {"backend": "python", "instance_kind": "KIND_GPU", "max_batch_size": config.max_batch_size},
-        "inputs": list(manifest.inputs), "outputs": list(manifest.outputs),
-    })
+    replace(
+        manifest, format="torchscript-cuda-python", tarball=tarball.name, files=file_entries(artifact),
+        triton=replace(manifest.triton, platform=None, backend="python", instance_kind="KIND_GPU",
+                       max_batch_size=config.max_batch_size),
+        validation=Validation(passed=None, skipped="a python-backend copy of the torchscript artifact for the GPU "
+                              "check, which compares its outputs with PyTorch itself"),
+    ).write(artifact)
     return artifact
 
 
@@ -409,24 +418,26 @@ def triton_serves_a_gpu_copy(artifact: Path, torchscript: Path, device: str = "c
     from serving.triton.base import TritonServerConfig
     from serving.triton.local import LocalTritonServer
 
-    manifest = json.loads((artifact / "manifest.json").read_text())
+    from packager.manifest import Manifest
+
+    manifest = Manifest.load(artifact)
     with tempfile.TemporaryDirectory(prefix="mme-gpu-check-cache-") as tmp:
         cache = ModelCache(Path(tmp), LocalDirSource(artifact))
         server = LocalTritonServer(TritonServerConfig(sagemaker_port=0, grpc_port=None, metrics_port=None))
         with server:
-            cached = cache.fetch(manifest["tarball"])
+            cached = cache.fetch(manifest.tarball)
             started = time.perf_counter()
             with ContainerClient(server.sagemaker_url, timeout_s=120, load_timeout_s=300) as control:
-                control.load(cached.container_name, server.model_url(cached.model_dir), target=manifest["tarball"])
+                control.load(cached.container_name, server.model_url(cached.model_dir), target=manifest.tarball)
                 load_s = time.perf_counter() - started
-                x = np.random.default_rng(0).standard_normal((2, *manifest["inputs"][0]["dims"]), dtype=np.float32)
-                reply = control.invoke(cached.container_name, kserve_json(manifest["inputs"][0]["name"], x),
-                                       "application/json", target=manifest["tarball"])
+                x = np.random.default_rng(0).standard_normal((2, *manifest.inputs[0].dims), dtype=np.float32)
+                reply = control.invoke(cached.container_name, kserve_json(manifest.inputs[0].name, x),
+                                       "application/json", target=manifest.tarball)
         if reply.status != 200:
             raise RuntimeError(f"invoke answered {reply.status}: {reply.body[:300]!r}")
         out = reply.json()["outputs"][0]
         got = np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
-    module = torch.jit.load(str(torchscript / manifest["model"] / "1" / "model.pt"), map_location=device).eval()
+    module = torch.jit.load(str(torchscript / manifest.model / "1" / "model.pt"), map_location=device).eval()
     with torch.inference_mode():
         want = module(torch.from_numpy(x).to(device)).float().cpu().numpy()
     return {"load_s": round(load_s, 2), "output_shape": list(got.shape),
@@ -468,7 +479,8 @@ def run(args: argparse.Namespace) -> int:
         from packager.manifest import Manifest
 
         details = Manifest.load(directory).details
-        step.figures.update({k: details.get(k) for k in ("engine_precision", "layer_precisions", "compute_capability")})
+        step.figures.update({"engine_precision": details.engine_precision, "layer_precisions": details.layer_precisions,
+                             "compute_capability": details.compute_capability})
         runner = tensorrt_runner(_model_file(directory, "model.plan"), *state["shapes"])
         step.figures["latency_ms"] = latency(runner, batches, args.warmup, args.iters)
 

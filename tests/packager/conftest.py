@@ -1,11 +1,11 @@
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from mme.cli import main
+from packager.manifest import Manifest
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -23,5 +23,5 @@ def tiny_timm_artifacts(tmp_path_factory) -> Path:
     return out / "test_resnet"
 
 
-def load_manifest(directory: Path) -> dict:
-    return json.loads((directory / "manifest.json").read_text())
+def load_manifest(directory: Path) -> Manifest:
+    return Manifest.load(directory)

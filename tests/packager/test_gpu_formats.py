@@ -38,14 +38,14 @@ def test_tensorrt_plan(tmp_path, capsys, precision):
     assert code == 0, err
     root = tmp_path / "test_resnet" / "tensorrt"
     manifest = load_manifest(root)
-    details = manifest["details"]
-    assert manifest["versions"]["tensorrt"]
-    assert details["compute_capability"] and details["hardware_compatibility"] == "none"
-    assert details["precision"] == precision
-    assert details["builder_settings"]["tf32"] is (precision != "fp32")
-    assert details["layer_precisions"], "the engine inspector reported no layers"
-    assert details["engine_precision"] == {"fp32": "fp32", "tf32": "tf32", "fp16": "fp16"}[precision]
-    assert manifest["validation"]["atol"] == {"fp32": 1e-4, "tf32": 1e-2, "fp16": 5e-2}[precision]
+    details = manifest.details
+    assert manifest.versions["tensorrt"] and details.tensorrt == manifest.versions["tensorrt"]
+    assert details.compute_capability and details.hardware_compatibility == "none"
+    assert details.precision == precision
+    assert details.builder_settings["tf32"] is (precision != "fp32")
+    assert details.layer_precisions, "the engine inspector reported no layers"
+    assert details.engine_precision == {"fp32": "fp32", "tf32": "tf32", "fp16": "fp16"}[precision]
+    assert manifest.validation.atol == {"fp32": 1e-4, "tf32": 1e-2, "fp16": 5e-2}[precision]
     assert read_config(root / "test_resnet" / "config.pbtxt").platform == "tensorrt_plan"
     assert (root / "test_resnet" / "1" / "model.plan").stat().st_size > 0
 
@@ -57,7 +57,7 @@ def test_fp32_plan_of_a_transformer_stays_within_fp32_tolerance(tmp_path, capsys
                            "--precision", "fp32", "--seq-len", "64", "--max-batch-size", "4", "--out", str(tmp_path))
     assert code == 0, err
     manifest = load_manifest(tmp_path / "distilbert-base-uncased" / "tensorrt")
-    assert manifest["validation"]["atol"] == 1e-4 and manifest["details"]["builder_settings"]["tf32"] is False
+    assert manifest.validation.atol == 1e-4 and manifest.details.builder_settings["tf32"] is False
 
 
 @needs_tensorrt
@@ -65,7 +65,7 @@ def test_hardware_compatible_plan_records_it(tmp_path, capsys):
     code, _, err = run_cli(capsys, "package", "test_resnet", "--no-pretrained", "--formats", "tensorrt",
                            "--hardware-compatible", "--max-batch-size", "4", "--out", str(tmp_path))
     assert code == 0, err
-    assert load_manifest(tmp_path / "test_resnet" / "tensorrt")["details"]["hardware_compatibility"] == "ampere_plus"
+    assert load_manifest(tmp_path / "test_resnet" / "tensorrt").details.hardware_compatibility == "ampere_plus"
 
 
 @needs_release_stack
@@ -75,9 +75,9 @@ def test_torch_tensorrt(tmp_path, capsys, max_batch):
                            "--max-batch-size", max_batch, "--out", str(tmp_path))
     assert code == 0, err
     manifest = load_manifest(tmp_path / "test_resnet" / "torch-tensorrt")
-    assert manifest["inputs"][0]["name"] == "INPUT__0"
-    assert manifest["versions"]["torch_tensorrt"] and manifest["details"]["torch_tensorrt_abi"]
-    assert manifest["details"]["builder_settings"]["disable_tf32"] == "True"
+    assert manifest.inputs[0].name == "INPUT__0"
+    assert manifest.versions["torch_tensorrt"] and manifest.details.torch_tensorrt_abi
+    assert manifest.details.builder_settings["disable_tf32"] == "True"
 
 
 @needs_release_stack
@@ -85,7 +85,7 @@ def test_torch_tensorrt_fp16_is_built_in_fp16(tmp_path, capsys):
     code, _, err = run_cli(capsys, "package", "test_resnet", "--no-pretrained", "--formats", "torch-tensorrt",
                            "--precision", "fp16", "--max-batch-size", "4", "--out", str(tmp_path))
     assert code == 0, err
-    settings = load_manifest(tmp_path / "test_resnet" / "torch-tensorrt")["details"]["builder_settings"]
+    settings = load_manifest(tmp_path / "test_resnet" / "torch-tensorrt").details.builder_settings
     assert settings.get("enable_autocast") == "True" or "torch.float16" in settings.get("enabled_precisions", [])
 
 
@@ -94,7 +94,7 @@ def test_text_model_plan_has_a_sequence_profile(tmp_path, capsys):
     code, _, err = run_cli(capsys, "package", "distilbert-base-uncased", "--no-pretrained", "--formats", "tensorrt",
                            "--seq-len", "64", "--max-batch-size", "4", "--out", str(tmp_path))
     assert code == 0, err
-    cases = load_manifest(tmp_path / "distilbert-base-uncased" / "tensorrt")["validation"]["cases"]
+    cases = load_manifest(tmp_path / "distilbert-base-uncased" / "tensorrt").validation.cases
     assert {c["axes"]["sequence"] for c in cases} == {64, 17}
 
 

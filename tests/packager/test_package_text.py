@@ -43,18 +43,19 @@ def test_text_spec_and_manifest(tiny_text_artifacts, name):
     base, out = tiny_text_artifacts
     _, _, has_pooler = TINY[name]
     manifest = load_manifest(out / name / "onnx")
-    assert manifest["source"]["weights"] == "local"
-    assert manifest["source"]["family"] == "huggingface"
-    assert [(i["name"], i["datatype"], i["dims"]) for i in manifest["inputs"]] == [
-        ("input_ids", "INT64", [-1]), ("attention_mask", "INT64", [-1])]
-    outputs = [(o["name"], o["dims"]) for o in manifest["outputs"]]
-    expected = [("last_hidden_state", [-1, 32])] + ([("pooler_output", [32])] if has_pooler else [])
+    assert manifest.source.weights == "local"
+    assert manifest.source.family == "huggingface"
+    assert [(i.name, i.datatype, i.dims) for i in manifest.inputs] == [
+        ("input_ids", "INT64", (-1,)), ("attention_mask", "INT64", (-1,))]
+    assert [i.axes for i in manifest.inputs] == [("sequence",), ("sequence",)]
+    outputs = [(o.name, o.dims) for o in manifest.outputs]
+    expected = [("last_hidden_state", (-1, 32))] + ([("pooler_output", (32,))] if has_pooler else [])
     assert outputs == expected
-    assert manifest["details"]["axes_max"] == {"sequence": 32}
-    cases = manifest["validation"]["cases"]
+    assert manifest.details.axes_max == {"sequence": 32}
+    cases = manifest.validation.cases
     assert [(c["batch"], c["axes"]["sequence"]) for c in cases] == [(2, 32), (1, 9)]
     ts = load_manifest(out / name / "torchscript")
-    assert [i["name"] for i in ts["inputs"]] == ["INPUT__0", "INPUT__1"]
+    assert [i.name for i in ts.inputs] == ["INPUT__0", "INPUT__1"]
 
 
 @pytest.mark.parametrize("name", TINY)
@@ -98,8 +99,8 @@ def test_named_model_packages_without_the_hub(tmp_path, capsys):
                            "--seq-len", "64", "--out", str(tmp_path))
     assert code == 0, err
     manifest = load_manifest(tmp_path / "distilbert-base-uncased" / "onnx")
-    assert manifest["parameters"] == 66_362_880
-    assert manifest["source"]["weights"] == "random"
+    assert manifest.parameters == 66_362_880
+    assert manifest.source.weights == "random"
     assert "last_hidden_state" in err and "max |diff|" in err
 
 

@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from mme.fsutil import sha256_of
+from mme.versions import default_release_name
+from packager.manifest import MANIFEST_NAME
 from packager.triton_config import read_config
 from tests.packager.conftest import load_manifest, run_cli
 
@@ -34,25 +36,38 @@ def test_layout_config_and_manifest(tiny_timm_artifacts, fmt):
     assert (root / "test_resnet" / "1" / model_file).is_file()
 
     manifest = load_manifest(root)
-    assert manifest["schema_version"] == 1
-    assert manifest["format"] == fmt and manifest["model"] == "test_resnet"
-    assert manifest["source"]["weights"] == "random"
-    assert manifest["validation"]["passed"] is True
-    assert manifest["validation"]["max_abs_diff"] <= manifest["validation"]["atol"]
-    assert len(manifest["validation"]["cases"]) == 2  # batch 2 and batch 1
-    assert set(manifest["timings_s"]) >= {"load", "export", "validate", "layout", "tarball"}
-    assert manifest["parameters"] > 0
-    listed = {f["path"]: f for f in manifest["files"]}
+    assert manifest.schema_version == 1
+    assert manifest.format == fmt and manifest.model == "test_resnet"
+    assert manifest.source.weights == "random" and manifest.source.family == "timm" and manifest.source.seed == 0
+    assert (manifest.triton.platform or "") == platform and (manifest.triton.backend or "") == backend
+    assert manifest.triton.max_batch_size == 8 and manifest.triton.dynamic_batching is True
+    assert manifest.triton.release == default_release_name() == manifest.triton.target.release
+    assert manifest.validation.passed is True
+    assert manifest.validation.max_abs_diff <= manifest.validation.atol
+    assert len(manifest.validation.cases) == 2  # batch 2 and batch 1
+    assert set(manifest.timings_s) >= {"load", "export", "validate", "layout", "tarball"}
+    assert manifest.parameters > 0
+    assert manifest.details.axes_max == {}
+    listed = {f.path: f for f in manifest.files}
     assert "manifest.json" not in listed
     for rel, entry in listed.items():
-        assert sha256_of(root / rel) == entry["sha256"]
-        assert (root / rel).stat().st_size == entry["bytes"]
+        assert sha256_of(root / rel) == entry.sha256
+        assert (root / rel).stat().st_size == entry.bytes
     if fmt == "torchscript":
-        assert [i["name"] for i in manifest["inputs"]] == ["INPUT__0"]
-        assert manifest["inputs"][0]["source_name"] == "pixel_values"
-        assert [o["name"] for o in manifest["outputs"]] == ["OUTPUT__0"]
+        assert [i.name for i in manifest.inputs] == ["INPUT__0"]
+        assert manifest.inputs[0].source_name == "pixel_values"
+        assert [o.name for o in manifest.outputs] == ["OUTPUT__0"]
     else:
-        assert [i["name"] for i in manifest["inputs"]] == ["pixel_values"]
+        assert [i.name for i in manifest.inputs] == ["pixel_values"]
+    # the typed records write the file back unchanged: same keys, nesting and order
+    text = (root / MANIFEST_NAME).read_text()
+    assert json.dumps(manifest.to_dict(), indent=2) + "\n" == text
+    assert list(manifest.to_dict()) == [
+        "schema_version", "model", "requested_name", "format", "source", "triton", "tarball", "files", "parameters",
+        "inputs", "outputs", "sample_request", "versions", "validation", "timings_s", "created_at", "details"]
+    assert list(manifest.to_dict()["triton"]) == ["platform", "backend", "max_batch_size", "instance_kind",
+                                                  "dynamic_batching", "target"]
+    assert list(manifest.to_dict()["inputs"][0]) == ["name", "datatype", "dims", "axes", "source_name"]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -73,14 +88,14 @@ def test_sample_requests_match_the_model_inputs(tiny_timm_artifacts):
     manifest = load_manifest(root)
     body = json.loads((root / "sample_request.json").read_text())
     (entry,) = body["inputs"]
-    dims = manifest["inputs"][0]["dims"]
+    dims = manifest.inputs[0].dims
     assert entry["name"] == "pixel_values" and entry["datatype"] == "FP32"
     assert entry["shape"] == [1, *dims] and len(entry["data"]) == int(np.prod(entry["shape"]))
     binary = (root / "sample_request.bin").read_bytes()
-    header_size = manifest["sample_request"]["binary_header_size"]
+    header_size = manifest.sample_request.binary_header_size
     header = json.loads(binary[:header_size])
     assert header["inputs"][0]["parameters"]["binary_data_size"] == len(binary) - header_size
-    assert manifest["sample_request"]["binary_content_type"].endswith(f"json-header-size={header_size}")
+    assert manifest.sample_request.binary_content_type.endswith(f"json-header-size={header_size}")
 
 
 def test_onnx_has_dynamic_batch_and_runs_at_other_batches(tiny_timm_artifacts):
@@ -120,7 +135,7 @@ def test_image_size_override(tmp_path, capsys):
                          "--image-size", "96", "--out", str(tmp_path))
     assert code == 0
     manifest = load_manifest(tmp_path / "test_resnet" / "onnx")
-    assert manifest["inputs"][0]["dims"] == [3, 96, 96]
+    assert manifest.inputs[0].dims == (3, 96, 96)
 
 
 def test_progress_says_where_and_how_close(tmp_path, capsys):

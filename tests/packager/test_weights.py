@@ -15,7 +15,7 @@ def test_default_falls_back_to_random_loudly(tmp_path, capsys):
     assert code == 0
     assert "WARNING: pretrained weights for test_resnet are not reachable" in err
     assert "RANDOM" in err
-    assert load_manifest(tmp_path / "test_resnet" / "onnx")["source"]["weights"] == "random"
+    assert load_manifest(tmp_path / "test_resnet" / "onnx").source.weights == "random"
 
 
 def test_no_pretrained_is_quiet(tmp_path, capsys):
@@ -32,10 +32,10 @@ def test_local_timm_checkpoint(tmp_path, capsys):
     assert code == 0, err
     root = tmp_path / "out" / "test_resnet" / "onnx"
     manifest = load_manifest(root)
-    assert manifest["source"]["weights"] == "local"
-    assert manifest["source"]["weights_path"].endswith("ckpt.pth")
+    assert manifest.source.weights == "local"
+    assert manifest.source.weights_path.endswith("ckpt.pth")
     session = ort.InferenceSession(str(root / "test_resnet" / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
-    x = np.random.default_rng(0).standard_normal((1, *manifest["inputs"][0]["dims"]), dtype=np.float32)
+    x = np.random.default_rng(0).standard_normal((1, *manifest.inputs[0].dims), dtype=np.float32)
     with torch.no_grad():
         want = model(torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(session.run(None, {"pixel_values": x})[0], want, atol=1e-4)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from mme.cli import main
+from packager.manifest import Manifest
 
 
 def test_capacity_prediction_matches_what_fits(packaged_test_resnet, tmp_path, capsys):
@@ -118,9 +120,8 @@ def test_the_local_endpoint_counts_the_gpu_for_every_server_kind(packaged_test_r
     monkeypatch.setenv("TRITON_SERVER_VERSION", "2.61.0")  # a system Triton that accepts any cache directory
     gpu_artifact = tmp_path / "onnx"
     shutil.copytree(packaged_test_resnet.directory, gpu_artifact)
-    manifest = json.loads((gpu_artifact / "manifest.json").read_text())
-    manifest["triton"]["instance_kind"] = "KIND_GPU"
-    (gpu_artifact / "manifest.json").write_text(json.dumps(manifest))
+    manifest = Manifest.load(gpu_artifact)
+    replace(manifest, triton=replace(manifest.triton, instance_kind="KIND_GPU")).write(gpu_artifact)
     for kind in ("local", "docker", "system"):
         endpoint = LocalEndpoint(LocalEndpointOptions(models=str(gpu_artifact), server_kind=kind))
         try:

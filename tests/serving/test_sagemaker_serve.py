@@ -350,7 +350,7 @@ def test_local_kind_passes_the_settings_and_drops_what_2_51_lacks(wheel, tmp_pat
         assert psutil.Process(server.pid).environ()["SAGEMAKER_TRITON_PING_MODE"] == "live"
         assert ping_status(server.sagemaker_url) == 200
         with pytest.raises(TritonServerError, match="http_port=0"):
-            server.kserve_url
+            _ = server.kserve_url
         # The python backend sizes each model's shared-memory region as configured.
         with ContainerClient(server.sagemaker_url) as client:
             client.load("m", str(write_offset_model(tmp_path / "m", "m", 1.0)), target="m.tar.gz")

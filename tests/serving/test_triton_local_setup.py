@@ -138,7 +138,7 @@ def test_kserve_url_needs_http_on():
 
     assert LocalTritonServer(TritonServerConfig(http_port=8000)).kserve_url == "http://127.0.0.1:8000"
     with pytest.raises(TritonServerError, match="http_port=0") as info:
-        LocalTritonServer(TritonServerConfig(http_port=None)).kserve_url
+        _ = LocalTritonServer(TritonServerConfig(http_port=None)).kserve_url
     assert "\n" not in str(info.value)
 
 

@@ -1,0 +1,156 @@
+"""Reading one bench run directory for the analysis: ``run.json``, ``requests.csv`` grouped
+by stage (with the first failure) and ``stages.csv``, each checked so bad input becomes a
+one-line ``MmeError`` (a last ``requests.csv`` row cut short by an interrupted write is left
+out with a warning instead). ``endpoint_metrics.jsonl`` is read by ``bench.endpoint_stages``."""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bench.results import (
+    REQUEST_FIELDS,
+    REQUESTS_FILE,
+    RUN_FILE,
+    STAGE_FIELDS,
+    STAGES_FILE,
+    RunInfo,
+    StageRecord,
+    read_requests,
+    read_stages,
+)
+from mme.errors import MmeError
+
+
+@dataclass(frozen=True)
+class StageRequests:
+    latencies: np.ndarray  # successful requests' latencies, ms
+    requests: int
+    failures: int
+    errors: Counter
+    first_t: float
+    last_end_t: float
+    max_users: int
+
+
+class _Accumulator:
+    def __init__(self) -> None:
+        self.latencies: list[float] = []
+        self.requests = 0
+        self.failures = 0
+        self.errors: Counter = Counter()
+        self.first_t = math.inf
+        self.last_end_t = -math.inf
+        self.max_users = 0
+
+    def freeze(self) -> StageRequests:
+        return StageRequests(np.asarray(self.latencies, dtype=float), self.requests, self.failures, self.errors,
+                             self.first_t, self.last_end_t, self.max_users)
+
+
+@dataclass(frozen=True)
+class FirstFailure:
+    t: float
+    users: int
+    error: str
+
+
+def reason(exc: BaseException) -> str:
+    """An exception as a short lower-case phrase for a one-line error or warning."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _check_header(path: Path, expected: tuple[str, ...]) -> None:
+    try:
+        with open(path, newline="") as fh:
+            header = next(csv.reader(fh), None)
+    except FileNotFoundError:
+        raise MmeError(f"{path.parent} has no {path.name}; pass a directory written by 'mme bench'") from None
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise MmeError(f"cannot read {path}: {reason(exc)}") from None
+    if header is None:
+        raise MmeError(f"{path} is empty (no header row); the run wrote nothing readable")
+    missing = [name for name in expected if name not in header]
+    if missing:
+        raise MmeError(f"{path} is not a bench {path.stem} file: missing column(s) {', '.join(missing)}")
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        fh.seek(0, 2)
+        if fh.tell() == 0:
+            return True
+        fh.seek(-1, 2)
+        return fh.read(1) == b"\n"
+
+
+def _line_count(path: Path) -> int:
+    with open(path, "rb") as fh:
+        return sum(1 for _ in fh)
+
+
+def read_stage_requests(run_dir: Path, warnings: list[str]) -> tuple[dict[int, StageRequests], FirstFailure | None]:
+    """Requests grouped by stage. A last row cut short (the generator was killed while
+    writing it: no newline at the end of the file) is left out with a warning; any other
+    unreadable row is an error."""
+    path = run_dir / REQUESTS_FILE
+    _check_header(path, REQUEST_FIELDS)
+    acc: dict[int, _Accumulator] = {}
+    first: FirstFailure | None = None
+    line = 1
+    try:
+        for line, rec in enumerate(read_requests(run_dir), start=2):  # noqa: B007 (the handlers below name the line)
+            a = acc.get(rec.stage)
+            if a is None:
+                a = acc[rec.stage] = _Accumulator()
+            a.requests += 1
+            a.first_t = min(a.first_t, rec.t)
+            a.last_end_t = max(a.last_end_t, rec.t + rec.latency_ms / 1000.0)
+            a.max_users = max(a.max_users, rec.users)
+            if rec.ok:
+                a.latencies.append(rec.latency_ms)
+            else:
+                a.failures += 1
+                error = rec.error or (f"HTTP {rec.status}" if rec.status else "no response")
+                a.errors[error] += 1
+                if first is None or rec.t < first.t:
+                    first = FirstFailure(rec.t, rec.users, error)
+    except (ValueError, TypeError, csv.Error, UnicodeDecodeError, OSError) as exc:
+        bad_line = line + 1
+        if not isinstance(exc, OSError) and not _ends_with_newline(path) and _line_count(path) == bad_line:
+            warnings.append(f"{REQUESTS_FILE} line {bad_line} was cut short (interrupted write): left out")
+        else:
+            raise MmeError(f"cannot read {path} near line {bad_line}: {reason(exc)}") from None
+    return {stage: a.freeze() for stage, a in acc.items()}, first
+
+
+def read_stage_records(run_dir: Path) -> list[StageRecord] | None:
+    """``stages.csv``'s rows; None when the run has none."""
+    path = run_dir / STAGES_FILE
+    if not path.exists():
+        return None
+    _check_header(path, STAGE_FIELDS)
+    try:
+        return read_stages(run_dir)
+    except (ValueError, TypeError, csv.Error, UnicodeDecodeError, OSError) as exc:
+        raise MmeError(f"cannot read {path}: {reason(exc)}") from None
+
+
+def read_run_info(run_dir: Path) -> RunInfo:
+    if not run_dir.exists():
+        raise MmeError(f"{run_dir} does not exist; pass a directory written by 'mme bench'")
+    if not run_dir.is_dir():
+        raise MmeError(f"{run_dir} is not a directory; pass a directory written by 'mme bench'")
+    try:
+        return RunInfo.read(run_dir)
+    except (TypeError, AttributeError) as exc:
+        raise MmeError(f"{run_dir / RUN_FILE} is not a bench run description ({reason(exc)})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MmeError(f"cannot read {run_dir / RUN_FILE}: {reason(exc)}") from None

@@ -1,0 +1,129 @@
+"""The records a bench run's summary is made of (``StageSummary``, ``Overall``, ``RunSummary``),
+the summary's fixed definitions (percentiles, what latency is measured over, schema version)
+and its JSON form. Built by ``bench.analysis``, written by ``bench.summary_io``, read by the
+charts, tables and sizing."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from bench.results import RunInfo
+
+SUMMARY_SCHEMA_VERSION = 1
+SUMMARY_CSV = "summary.csv"
+SUMMARY_JSON = "summary.json"
+PERCENTILES = (50, 90, 95, 99)
+PERCENTILE_METHOD = "linear interpolation between closest ranks (numpy method='linear', Hyndman-Fan type 7)"
+LATENCY_OF = "successful requests (ok == 1)"
+COMPLETED = "completed"
+
+
+@dataclass(frozen=True)
+class StageSummary:
+    stage: int
+    users: int
+    start_t: float
+    end_t: float
+    duration_s: float
+    requests: int
+    successes: int
+    failures: int
+    requests_per_s: float | None  # None when the stage has no duration
+    successes_per_s: float | None
+    latency_avg_ms: float | None  # None when no request succeeded
+    latency_min_ms: float | None
+    latency_max_ms: float | None
+    latency_p50_ms: float | None
+    latency_p90_ms: float | None
+    latency_p95_ms: float | None
+    latency_p99_ms: float | None
+    generator_cpu_max: float | None  # None for stages missing from stages.csv
+    generator_cpu_mean: float | None
+    saturated: bool  # the generator was the bottleneck: results unreliable
+    partial: bool  # cut short by the end of the run (interrupted, stopped on failure...)
+    derived: bool  # not in stages.csv: timing reconstructed from its requests
+    errors: str  # failures by error code, most frequent first: "ModelError:3; ReadTimeout:1"
+    # what the endpoint did in the stage (bench.endpoint_stages.EndpointStage's fields)
+    model_loads: int | None = None
+    model_evictions: int | None = None
+    cache_hits: int | None = None
+    cache_misses: int | None = None
+    invocations_ok: int | None = None
+    model_latency_avg_ms: float | None = None
+    loaded_model_count: int | None = None
+    memory_utilization: float | None = None
+    loads_above_threshold: int | None = None
+
+    @property
+    def error_free(self) -> bool:
+        return self.requests > 0 and self.failures == 0
+
+
+STAGE_COLUMNS = tuple(f.name for f in fields(StageSummary))
+
+
+@dataclass(frozen=True)
+class Overall:
+    requests: int
+    successes: int
+    failures: int
+    duration_s: float
+    max_users_without_failure: int | None  # None: no stage completed without a failure
+    failed: bool  # any failed request; False means the endpoint never failed up to the last stage
+    first_failure_users: int | None
+    first_failure_t: float | None
+    first_failure_error: str | None
+    max_error_free_rps: float | None
+    max_error_free_rps_users: int | None
+    max_error_free_rps_stage: int | None
+    lowest_p50_ms: float | None
+    lowest_p50_users: int | None
+    min_latency_ms: float | None
+    models_loaded: int | None
+    models_loaded_source: str | None  # "run.json" | "endpoint metrics"
+    endpoint: str
+    instance_type: str | None
+    model: str | None
+    format: str | None
+    stopped_reason: str | None
+    saturated_stages: tuple[int, ...]
+    partial: bool  # the run did not complete its load shape
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_dir: Path
+    run: RunInfo
+    stages: tuple[StageSummary, ...]
+    overall: Overall
+    has_endpoint_metrics: bool
+    warnings: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        """Short name for charts and tables: model, format and instance where known."""
+        parts = [p for p in (self.run.model, self.run.format) if p] or [self.run.run_id]
+        if self.run.instance_type:
+            parts.append(f"({self.run.instance_type})")
+        return " ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": SUMMARY_SCHEMA_VERSION,
+            "run_dir": str(self.run_dir),
+            "percentile_method": PERCENTILE_METHOD,
+            "latency_of": LATENCY_OF,
+            "run": asdict(self.run),
+            "overall": rounded(asdict(self.overall)),
+            "stages": [rounded(asdict(s)) for s in self.stages],
+            "has_endpoint_metrics": self.has_endpoint_metrics,
+            "warnings": list(self.warnings),
+        }
+
+
+def rounded(data: dict[str, Any], digits: int = 4) -> dict[str, Any]:
+    """A record's fields as saved: floats to ``digits`` places, tuples as lists."""
+    return {k: (round(v, digits) if isinstance(v, float) else list(v) if isinstance(v, tuple) else v)
+            for k, v in data.items()}
