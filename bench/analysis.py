@@ -44,7 +44,6 @@ from pathlib import Path
 import numpy as np
 
 from bench.endpoint_stages import NO_ENDPOINT, EndpointStage, endpoint_by_stage, read_endpoint_snapshots
-from bench.endpoint_stages import endpoint_stage as _endpoint_stage  # noqa: F401  (tests/serving use it)
 from bench.results import STAGES_FILE, RunInfo, StageRecord
 from bench.run_reader import FirstFailure, StageRequests, read_run_info, read_stage_records, read_stage_requests
 from bench.summary_io import summary_csv_text, write_summary

@@ -132,7 +132,7 @@ def test_snapshot_keeps_what_the_bench_reads():
     """reference.md (metrics the bench compares with CloudWatch): schema_version 1 and the counts,
     latency_us and gauges keys bench/analysis.py and bench/run.py read; MemoryUtilization has
     CloudWatch's meaning (host memory) and the endpoint's limit share is MemoryLimitUtilization."""
-    from bench.analysis import _endpoint_stage
+    from bench.endpoint_stages import endpoint_stage
 
     m = EndpointMetrics()
     before = m.snapshot()
@@ -156,7 +156,7 @@ def test_snapshot_keeps_what_the_bench_reads():
     assert (g["MemoryUtilization"], g["CPUUtilization"], g["DiskUtilization"]) == (12.5, 150.12, 40.0)
     assert g["GPUUtilization"] is None and g["GPUMemoryUtilization"] is None
     assert snap["units"]["CPUUtilization"] == "Percent" and snap["units"]["MemoryUsedBytes"] == "Bytes"
-    stage = _endpoint_stage(snap, before)
+    stage = endpoint_stage(snap, before)
     assert (stage.model_loads, stage.cache_hits, stage.cache_misses, stage.invocations_ok) == (1, 1, 1, 1)
     assert stage.model_latency_avg_ms == pytest.approx(1.5) and stage.memory_utilization == 25.0
 
