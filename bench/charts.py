@@ -293,7 +293,7 @@ def _utc_time(text: str) -> datetime:
 
 def cloudwatch_series(data: object) -> tuple[int, dict[tuple[str, str], list[tuple[datetime, float]]]]:
     """The period and the datapoints of a ``cloudwatch_metrics.json`` (as ``mme metrics``
-    writes it, ``serving.aws.cloudwatch.to_json``), keyed by (metric, stat), values in the
+    writes it, ``serving.deploy.cloudwatch.to_json``), keyed by (metric, stat), values in the
     chart's units (latencies in ms). Raises ValueError on anything malformed."""
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")

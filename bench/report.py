@@ -20,7 +20,7 @@ RUN_CHART = "latency_throughput.png"
 ENDPOINT_CHART = "endpoint_models.png"
 COMPARISON_CHART = "comparison.png"
 CLOUDWATCH_CHART = "cloudwatch.png"
-CLOUDWATCH_FILE = "cloudwatch_metrics.json"  # written by 'mme metrics --run' (serving.aws.cloudwatch.JSON_FILE)
+CLOUDWATCH_FILE = "cloudwatch_metrics.json"  # written by 'mme metrics --run' (serving.deploy.cloudwatch.JSON_FILE)
 REPORT_HTML = "report.html"
 REPORT_MD = "report.md"
 

@@ -23,7 +23,7 @@ COMMAND_MODULES = (
     "bench.cli",
     "bench.report",
     "bench.demo",
-    "serving.aws.cli",
+    "serving.deploy.cli",
 )
 
 

@@ -210,8 +210,8 @@ def _run_remote_capacity(args: argparse.Namespace, reporter: Reporter, instances
     from pathlib import Path
 
     from mme.fsutil import ensure_writable_dir
-    from serving.aws.capacity_remote import EndpointInvoker, RemoteCapacityRequest, measure_remote_capacity, runtime_client
-    from serving.aws.session import S3Uri, boto3_session, client, require_credentials, require_region
+    from serving.capacity_remote import EndpointInvoker, RemoteCapacityRequest, measure_remote_capacity, runtime_client
+    from mme.aws.session import S3Uri, boto3_session, client, require_credentials, require_region
     from serving.capacity import format_table, write_report
 
     destination = S3Uri.parse(args.s3)

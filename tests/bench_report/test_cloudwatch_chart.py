@@ -1,5 +1,5 @@
 """`mme report` draws the CloudWatch metrics `mme metrics --run` saved into a run directory
-(cloudwatch_metrics.json, written here by serving.aws.cloudwatch.save itself)."""
+(cloudwatch_metrics.json, written here by serving.deploy.cloudwatch.save itself)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from mme.cli import main
-from serving.aws import cloudwatch
+from serving.deploy import cloudwatch
 from tests.bench_report.runs import RunBuilder
 
 START = datetime(2025, 1, 1, tzinfo=timezone.utc)  # RunBuilder's run.json started_at

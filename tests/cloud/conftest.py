@@ -145,7 +145,7 @@ def run_cli(monkeypatch: pytest.MonkeyPatch, capsys):
     """run_cli(*argv) -> (exit code, stdout, stderr): ``mme`` with the cloud commands, in-process."""
     import mme.cli
 
-    monkeypatch.setattr(mme.cli, "COMMAND_MODULES", ("serving.aws.cli",))
+    monkeypatch.setattr(mme.cli, "COMMAND_MODULES", ("serving.deploy.cli",))
 
     def run(*argv: str) -> tuple[int, str, str]:
         capsys.readouterr()

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from serving.aws.capacity_remote import (
+from serving.capacity_remote import (
     HOST_KIND, METRICS_TARBALL, EndpointInvoker, RemoteCapacityRequest, build_metrics_tarball,
     measure_remote_capacity, runtime_client,
 )
-from serving.aws.session import S3Uri
+from mme.aws.session import S3Uri
 
 PREFIX = "mme/models"
 
@@ -137,7 +137,7 @@ def _load_metrics_module(monkeypatch):
     from importlib import resources
 
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", types.ModuleType("triton_python_backend_utils"))
-    path = resources.files("serving.aws").joinpath("metrics_model/model.py")
+    path = resources.files("serving").joinpath("metrics_model/model.py")
     spec = importlib.util.spec_from_file_location("mme_gpu_metrics_model", str(path))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -17,10 +17,10 @@ import pytest
 
 from mme.progress import Reporter
 from mme.versions import release as triton_release
-from serving.aws import compile as remote
-from serving.aws import trt_build_entry
-from serving.aws.errors import AwsError, CompileFailed
-from serving.aws.state import StateDir
+from packager.remote import compile as remote
+from packager.remote import trt_build_entry
+from mme.aws.errors import AwsError, CompileFailed
+from mme.aws.state import StateDir
 
 ROLE = "arn:aws:iam::123456789012:role/SageMakerExecution"
 NOW = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)

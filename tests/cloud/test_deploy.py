@@ -10,10 +10,10 @@ from datetime import datetime, timezone
 import pytest
 
 from mme.progress import Reporter
-from serving.aws import deploy
-from serving.aws.errors import AwsError, CredentialsError, DeployError, EndpointFailed, Interrupted, S3Error, WaitTimeout
-from serving.aws.session import boto3_session
-from serving.aws.state import DeploymentStore
+from serving.deploy import endpoint as deploy
+from mme.aws.errors import AwsError, CredentialsError, DeployError, EndpointFailed, Interrupted, S3Error, WaitTimeout
+from mme.aws.session import boto3_session
+from mme.aws.state import DeploymentStore
 
 ROLE = "arn:aws:iam::123456789012:role/SageMakerExecution"
 ARN = "arn:aws:sagemaker:us-east-1:123456789012"
@@ -306,7 +306,7 @@ def test_single_mode_rejects_a_multi_prefix_without_a_choice(s3env, tmp_path):
 
 
 def test_unknown_region_for_the_image_asks_for_image_uri():
-    from serving.aws.images import triton_image_uri
+    from mme.aws.images import triton_image_uri
 
     with pytest.raises(AwsError, match="pass --image-uri"):
         triton_image_uri("mars-north-1", "24.09")

@@ -18,11 +18,11 @@ from mme.progress import Reporter
 from mme.versions import NoSageMakerImageError, release
 from packager.compat import PlanIncompatibleError
 from packager.manifest import Manifest, TritonTarget
-from serving.aws import compile as remote
-from serving.aws import deploy
-from serving.aws.s3push import PushRequest, push
-from serving.aws.session import S3Uri, boto3_session
-from serving.aws.state import StateDir
+from packager.remote import compile as remote
+from serving.deploy import endpoint as deploy
+from serving.deploy.s3push import PushRequest, push
+from mme.aws.session import S3Uri, boto3_session
+from mme.aws.state import StateDir
 
 ROLE = "arn:aws:iam::123456789012:role/SageMakerExecution"
 

@@ -10,8 +10,8 @@ from datetime import datetime, timezone
 import pytest
 
 from bench.results import RunInfo
-from serving.aws import cloudwatch
-from serving.aws.errors import AwsError
+from serving.deploy import cloudwatch
+from mme.aws.errors import AwsError
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -65,7 +65,7 @@ def test_metrics_for_a_run_are_fetched_paginated_and_saved(tmp_path, stubbed, ru
             {"Id": ids["GPUMemoryUtilization Maximum"], "Label": "x", "Timestamps": [t[1]], "Values": [81.5], "StatusCode": "Complete"},
         ],
     }, dict(expected, NextToken="page-2"))
-    monkeypatch.setattr("serving.aws.session.client", lambda session, service, endpoint_url=None: cw)
+    monkeypatch.setattr("mme.aws.session.client", lambda session, service, endpoint_url=None: cw)
 
     code, out, err = run_cli("metrics", "--run", str(run_dir))
     assert code == 0, err

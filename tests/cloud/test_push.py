@@ -13,10 +13,10 @@ import pytest
 from mme.fsutil import sha256_of
 from mme.progress import Reporter
 from packager.manifest import Manifest
-from serving.aws.errors import RandomWeightsRefused, VerificationError
-from serving.aws.images import triton_image_uri
-from serving.aws.s3push import PushHooks, PushRequest, TransferSettings, push
-from serving.aws.session import S3Uri
+from mme.aws.errors import RandomWeightsRefused, VerificationError
+from mme.aws.images import triton_image_uri
+from serving.deploy.s3push import PushHooks, PushRequest, TransferSettings, push
+from mme.aws.session import S3Uri
 
 MIB = 1 << 20
 SMALL_PARTS = TransferSettings(multipart_threshold=5 * MIB, multipart_chunksize=5 * MIB, max_concurrency=2)

@@ -20,7 +20,7 @@ from packager.compat import (
     compat_warnings,
     main,
 )
-from serving.aws.s3push import engine_metadata
+from serving.deploy.s3push import engine_metadata
 from serving.instances import instance_gpu
 
 

@@ -20,10 +20,10 @@ from typing import Any, Callable
 
 from mme.progress import Reporter
 from mme.versions import release as triton_release, require_sagemaker_image
-from serving.aws.errors import AwsError, DeployError, EndpointFailed, Interrupted, S3Error, WaitTimeout
-from serving.aws.images import check_image_uri, triton_image_uri
+from mme.aws.errors import AwsError, DeployError, EndpointFailed, Interrupted, S3Error, WaitTimeout
+from mme.aws.images import check_image_uri, triton_image_uri
 from serving.instances import instance_gpu
-from serving.aws.session import (
+from mme.aws.session import (
     S3Uri,
     aws_errors,
     check_bucket,
@@ -37,7 +37,7 @@ from serving.aws.session import (
     require_region,
     s3_fail,
 )
-from serving.aws.state import DEFAULT_DEPLOYMENTS_DIR, KINDS, Deployment, DeploymentStore, Resource, now_iso
+from mme.aws.state import DEFAULT_DEPLOYMENTS_DIR, KINDS, Deployment, DeploymentStore, Resource, now_iso
 from serving.copies import _COPY
 
 MULTI, SINGLE = "multi", "single"

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mme.fsutil import write_json_atomic
-from serving.aws.errors import AwsError
+from mme.aws.errors import AwsError
 
 SCHEMA_VERSION = 1
 DEFAULT_DEPLOYMENTS_DIR = Path(".mme/deployments")

@@ -33,10 +33,10 @@ from mme.progress import Reporter
 from mme.versions import release as triton_release, require_sagemaker_image, same_tensorrt
 from packager.compat import check_release_on_gpu
 from packager.manifest import BuildDetails, FileEntry, Manifest, TritonSettings, TritonTarget, Validation
-from serving.aws.errors import AwsError, CompileFailed, Interrupted, WaitTimeout
-from serving.aws.images import check_image_uri, triton_image_uri
-from serving.aws.s3push import SHA_KEY, TransferSettings, head, matches, upload_file, verify
-from serving.aws.session import (
+from mme.aws.errors import AwsError, CompileFailed, Interrupted, WaitTimeout
+from mme.aws.images import check_image_uri, triton_image_uri
+from serving.deploy.s3push import SHA_KEY, TransferSettings, head, matches, upload_file, verify
+from mme.aws.session import (
     S3Uri,
     aws_errors,
     check_bucket,
@@ -47,7 +47,7 @@ from serving.aws.session import (
     is_not_found,
     s3_fail,
 )
-from serving.aws.state import DEFAULT_COMPILE_DIR, SCHEMA_VERSION, StateDir, now_iso
+from mme.aws.state import DEFAULT_COMPILE_DIR, SCHEMA_VERSION, StateDir, now_iso
 from serving.instances import instance_gpu
 
 ENTRY_SCRIPT = Path(__file__).with_name("trt_build_entry.py")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from serving.aws.errors import AwsError, CredentialsError, S3Error
+from mme.aws.errors import AwsError, CredentialsError, S3Error
 from serving.store import _BUCKET
 
 RETRIES = {"mode": "standard", "max_attempts": 5}

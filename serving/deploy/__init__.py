@@ -1,5 +1,6 @@
-"""Cloud commands: push artifacts to S3, deploy and delete SageMaker endpoints, fetch their
-CloudWatch metrics, and build TensorRT plans in a SageMaker training job.
+"""Deploy: push artifacts to S3 (``s3push``), create and delete SageMaker endpoints
+(``endpoint``), fetch their CloudWatch metrics (``cloudwatch``); ``cli`` registers
+``mme push | deploy | delete | metrics | compile``.
 
 Each command is safe to run twice (what already matches is skipped) and safe to interrupt
 (no half object in S3; a deployment's state file lists what was created, for ``mme delete``).

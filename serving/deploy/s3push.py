@@ -21,8 +21,8 @@ from typing import Any, Callable
 from mme.fsutil import sha256_of
 from mme.progress import Reporter
 from mme.versions import release as triton_release, require_sagemaker_image
-from serving.aws.errors import AwsError, RandomWeightsRefused, S3Error, VerificationError
-from serving.aws.session import S3Uri, aws_errors, check_bucket, error_code, s3_fail
+from mme.aws.errors import AwsError, RandomWeightsRefused, S3Error, VerificationError
+from mme.aws.session import S3Uri, aws_errors, check_bucket, error_code, s3_fail
 from serving.copies import _COPY, copy_name
 
 SHA_KEY = "sha256"  # S3 user metadata: x-amz-meta-sha256

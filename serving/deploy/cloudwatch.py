@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from mme.fsutil import write_bytes_atomic, write_json_atomic
-from serving.aws.errors import AwsError
-from serving.aws.session import aws_errors, explain
+from mme.aws.errors import AwsError
+from mme.aws.session import aws_errors, explain
 
 SAGEMAKER_NS = "AWS/SageMaker"
 INSTANCE_NS = "/aws/sagemaker/Endpoints"

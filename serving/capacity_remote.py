@@ -33,11 +33,11 @@ from mme.errors import UsageError
 from mme.fsutil import deterministic_tar_gz
 from mme.progress import Reporter
 from packager.manifest import Manifest
-from serving.aws.errors import AwsError
-from serving.aws.s3push import (
+from mme.aws.errors import AwsError
+from serving.deploy.s3push import (
     Artifact, TransferSettings, copy_object, execute_push, head, load_artifact, matches, plan_push, verify,
 )
-from serving.aws.session import S3Uri, aws_errors, error_code, error_message
+from mme.aws.session import S3Uri, aws_errors, error_code, error_message
 from serving.capacity import CapacityReport, CapacityStep, Projection, predict
 from serving.instances import load_instances
 from serving.copies import copy_name
@@ -75,7 +75,7 @@ def build_metrics_tarball(dest_dir: Path) -> Path:
     """``dest_dir/gpu-metrics.tar.gz``: gpu-metrics/config.pbtxt + gpu-metrics/1/model.py, byte-identical each time."""
     dest_dir = Path(dest_dir)
     dest_dir.mkdir(parents=True, exist_ok=True)
-    model_py = resources.files("serving.aws").joinpath("metrics_model/model.py").read_text()
+    model_py = resources.files("serving").joinpath("metrics_model/model.py").read_text()
     with tempfile.TemporaryDirectory(prefix="mme-gpu-metrics-") as tmp:
         root = Path(tmp) / METRICS_MODEL
         (root / "1").mkdir(parents=True)
@@ -89,7 +89,7 @@ def build_metrics_tarball(dest_dir: Path) -> Path:
 def push_metrics_model(s3: Any, destination: S3Uri) -> tuple[str, bool]:
     """Put gpu-metrics.tar.gz under the prefix unless the same bytes are there; (key, written)."""
     from mme.fsutil import sha256_of
-    from serving.aws.s3push import CONTENT_TYPE, SHA_KEY
+    from serving.deploy.s3push import CONTENT_TYPE, SHA_KEY
 
     key = destination.key(METRICS_TARBALL)
     with tempfile.TemporaryDirectory(prefix="mme-gpu-metrics-") as tmp:
@@ -101,7 +101,7 @@ def push_metrics_model(s3: Any, destination: S3Uri) -> tuple[str, bool]:
         s3.put_object(Bucket=destination.bucket, Key=key, Body=data, ContentType=CONTENT_TYPE,
                       Metadata={SHA_KEY: sha, "mme-model": METRICS_MODEL})
     except aws_errors() as exc:
-        from serving.aws.session import s3_fail
+        from mme.aws.session import s3_fail
 
         raise s3_fail(exc, "upload to", destination.url(key), "s3:PutObject") from None
     verify(s3, destination.bucket, key, sha, len(data))

@@ -59,8 +59,8 @@ def register_push(subparsers: Any) -> None:
 
 
 def run_push(args: argparse.Namespace) -> int:
-    from serving.aws.s3push import PushRequest, TransferSettings, push
-    from serving.aws.session import S3Uri, boto3_session, client, require_credentials
+    from serving.deploy.s3push import PushRequest, TransferSettings, push
+    from mme.aws.session import S3Uri, boto3_session, client, require_credentials
 
     destination = S3Uri.parse(args.s3)
     request = PushRequest(
@@ -107,9 +107,9 @@ def register_deploy(subparsers: Any) -> None:
 
 
 def run_deploy(args: argparse.Namespace) -> int:
-    from serving.aws import deploy
-    from serving.aws.session import boto3_session, client
-    from serving.aws.state import DeploymentStore
+    from serving.deploy import endpoint as deploy
+    from mme.aws.session import boto3_session, client
+    from mme.aws.state import DeploymentStore
 
     request = deploy.DeployRequest(
         s3=args.s3, instance_type=args.instance_type, role_arn=args.role, mode=args.mode, image_uri=args.image_uri,
@@ -159,9 +159,9 @@ def register_delete(subparsers: Any) -> None:
 
 
 def run_delete(args: argparse.Namespace) -> int:
-    from serving.aws import deploy
-    from serving.aws.session import boto3_session, client, require_credentials, require_region
-    from serving.aws.state import DeploymentStore
+    from serving.deploy import endpoint as deploy
+    from mme.aws.session import boto3_session, client, require_credentials, require_region
+    from mme.aws.state import DeploymentStore
 
     store = DeploymentStore(Path(args.state_dir))
     deployment = store.load(args.endpoint)
@@ -207,9 +207,9 @@ def register_metrics(subparsers: Any) -> None:
 def run_metrics(args: argparse.Namespace) -> int:
     from datetime import datetime, timezone
 
-    from serving.aws import cloudwatch
-    from serving.aws.errors import AwsError
-    from serving.aws.session import boto3_session, client, require_credentials, require_region
+    from serving.deploy import cloudwatch
+    from mme.aws.errors import AwsError
+    from mme.aws.session import boto3_session, client, require_credentials, require_region
 
     reporter = Reporter(quiet=args.quiet)
     region = args.region
@@ -294,9 +294,9 @@ def register_compile(subparsers: Any) -> None:
 
 
 def run_compile(args: argparse.Namespace) -> int:
-    from serving.aws import compile as remote
-    from serving.aws.session import boto3_session, client, require_credentials, require_region
-    from serving.aws.state import StateDir
+    from packager.remote import compile as remote
+    from mme.aws.session import boto3_session, client, require_credentials, require_region
+    from mme.aws.state import StateDir
 
     request = remote.CompileRequest(
         artifact=Path(args.artifact), s3=args.s3, instance_type=args.instance_type, role_arn=args.role,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 
 from mme.versions import Release, release as triton_release
-from serving.aws.errors import AwsError
+from mme.aws.errors import AwsError
 
 DLC_ACCOUNTS = {
     "af-south-1": "626614931356",
