@@ -34,9 +34,8 @@ from mme.fsutil import deterministic_tar_gz
 from mme.progress import Reporter
 from packager.manifest import Manifest
 from mme.aws.errors import AwsError
-from serving.deploy.s3push import (
-    Artifact, TransferSettings, copy_object, execute_push, head, load_artifact, matches, plan_push, verify,
-)
+from mme.aws.s3 import TransferSettings, copy_object, head, matches, verify
+from serving.deploy.s3push import Artifact, execute_push, load_artifact, plan_push
 from mme.aws.session import S3Uri, aws_errors, error_code, error_message
 from serving.capacity import CapacityReport, CapacityStep, Projection, predict
 from serving.instances import load_instances
@@ -89,7 +88,7 @@ def build_metrics_tarball(dest_dir: Path) -> Path:
 def push_metrics_model(s3: Any, destination: S3Uri) -> tuple[str, bool]:
     """Put gpu-metrics.tar.gz under the prefix unless the same bytes are there; (key, written)."""
     from mme.fsutil import sha256_of
-    from serving.deploy.s3push import CONTENT_TYPE, SHA_KEY
+    from mme.aws.s3 import CONTENT_TYPE, SHA_KEY
 
     key = destination.key(METRICS_TARBALL)
     with tempfile.TemporaryDirectory(prefix="mme-gpu-metrics-") as tmp:

@@ -35,7 +35,7 @@ from packager.compat import check_release_on_gpu
 from packager.manifest import BuildDetails, FileEntry, Manifest, TritonSettings, TritonTarget, Validation
 from mme.aws.errors import AwsError, CompileFailed, Interrupted, WaitTimeout
 from mme.aws.images import check_image_uri, triton_image_uri
-from serving.deploy.s3push import SHA_KEY, TransferSettings, head, matches, upload_file, verify
+from mme.aws.s3 import SHA_KEY, TransferSettings, head, matches, upload_file, verify
 from mme.aws.session import (
     S3Uri,
     aws_errors,

@@ -59,7 +59,8 @@ def register_push(subparsers: Any) -> None:
 
 
 def run_push(args: argparse.Namespace) -> int:
-    from serving.deploy.s3push import PushRequest, TransferSettings, push
+    from mme.aws.s3 import TransferSettings
+    from serving.deploy.s3push import PushRequest, push
     from mme.aws.session import S3Uri, boto3_session, client, require_credentials
 
     destination = S3Uri.parse(args.s3)

@@ -15,7 +15,8 @@ from mme.progress import Reporter
 from packager.manifest import Manifest
 from mme.aws.errors import RandomWeightsRefused, VerificationError
 from mme.aws.images import triton_image_uri
-from serving.deploy.s3push import PushHooks, PushRequest, TransferSettings, push
+from mme.aws.s3 import TransferHooks, TransferSettings
+from serving.deploy.s3push import PushRequest, push
 from mme.aws.session import S3Uri
 
 MIB = 1 << 20
@@ -23,7 +24,7 @@ SMALL_PARTS = TransferSettings(multipart_threshold=5 * MIB, multipart_chunksize=
 
 
 def _push(s3env, artifact: Path, prefix: str = "models/r", *, copies: int = 0, allow: bool = True, dry: bool = False,
-          settings: TransferSettings = TransferSettings(), hooks: PushHooks = PushHooks(), lines: list | None = None, reporter=None):
+          settings: TransferSettings = TransferSettings(), hooks: TransferHooks = TransferHooks(), lines: list | None = None, reporter=None):
     request = PushRequest(artifact, S3Uri.parse(f"s3://{s3env.bucket}/{prefix}"), copies, allow, dry, settings)
     out = lines.append if lines is not None else (lambda _line: None)
     return push(s3env.client, request, reporter or Reporter(quiet=True), hooks, out)
@@ -111,7 +112,7 @@ def test_failed_multipart_upload_leaves_no_object_and_no_pending_upload(s3env, a
             raise RuntimeError("injected network failure")
 
     with pytest.raises(RuntimeError, match="injected"):
-        _push(s3env, artifact, copies=2, settings=SMALL_PARTS, hooks=PushHooks(on_progress=fail_midway))
+        _push(s3env, artifact, copies=2, settings=SMALL_PARTS, hooks=TransferHooks(on_progress=fail_midway))
     assert s3env.calls.count("CreateMultipartUpload") == 1
     assert s3env.keys() == []
     assert s3env.pending_uploads() == []
@@ -127,7 +128,7 @@ def test_ctrl_c_during_multipart_upload_leaves_nothing(s3env, artifact, change_t
             os.kill(os.getpid(), signal.SIGINT)
 
     with pytest.raises(KeyboardInterrupt):
-        _push(s3env, artifact, settings=SMALL_PARTS, hooks=PushHooks(on_progress=ctrl_c))
+        _push(s3env, artifact, settings=SMALL_PARTS, hooks=TransferHooks(on_progress=ctrl_c))
     assert sent
     assert s3env.keys() == []
     assert s3env.pending_uploads() == []
@@ -150,7 +151,7 @@ def test_object_changed_between_write_and_verify_is_a_clear_error(s3env, artifac
         s3env.client.put_object(Bucket=s3env.bucket, Key=key, Body=b"someone else's bytes")
 
     with pytest.raises(VerificationError) as caught:
-        _push(s3env, artifact, hooks=PushHooks(after_write=tamper))
+        _push(s3env, artifact, hooks=TransferHooks(after_write=tamper))
     message = str(caught.value)
     assert "does not match what was written" in message and "re-run 'mme push'" in message
     assert "\n" not in message and caught.value.exit_code == 3
