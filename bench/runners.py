@@ -10,12 +10,10 @@ patches first).
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import gevent
@@ -25,6 +23,7 @@ from bench.config import BenchConfig
 from bench.distributed import MasterLink
 from bench.users import STATE
 from mme.errors import MmeError
+from mme.process import child_env
 from mme.progress import Reporter
 
 STOP_GRACE_S = 2.0  # users finish the request in flight when the run stops, up to this long
@@ -72,8 +71,7 @@ class LoadRunners:
         runner = self.runner = self.environment.create_master_runner(config.master_bind_host, port)
         self.link = MasterLink(self.environment, runner, config, self._on_failure, self._on_worker_error)
         self.extra["master"] = f"{config.master_bind_host}:{port}"
-        root = str(Path(__file__).resolve().parent.parent)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+        env = child_env()
         for _ in range(config.local_workers):
             self._worker_processes.append(subprocess.Popen(
                 [sys.executable, "-m", "bench.worker", "--master-host", "127.0.0.1", "--master-port", str(port), "--managed"],

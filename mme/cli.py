@@ -22,8 +22,9 @@ COMMAND_MODULES = (
     "serving.cli",
     "bench.cli",
     "bench.report",
-    "bench.demo",
+    "mme.demo",
     "serving.deploy.cli",
+    "bench.gpu_check.cli",
 )
 
 

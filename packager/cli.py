@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         out=args.out,
         family=args.family,
         export=ExportOptions(
-            opset=args.opset, max_batch_size=args.max_batch_size, precision=args.precision,
+            opset=args.opset, precision=args.precision,
             cpu_threads=args.cpu_threads, workspace_gib=args.workspace_gib, hardware_compatible=args.hardware_compatible,
         ),
         triton=TritonOptions(

@@ -32,13 +32,13 @@ from typing import Any, Mapping, Sequence
 
 from mme.errors import MmeError
 from mme.versions import Release, release as triton_release, releases_with_tensorrt, same_major_minor, same_tensorrt
+from packager.formats.gpu import HARDWARE_COMPATIBLE  # TensorRT's HardwareCompatibilityLevel.AMPERE_PLUS
 from packager.manifest import Manifest
 
 # Formats whose files hold serialized TensorRT engines (Torch-TensorRT embeds them in TorchScript).
 ENGINE_FORMATS = {"tensorrt": "TensorRT plan", "torch-tensorrt": "Torch-TensorRT module"}
 ENGINE_PLATFORMS = {"tensorrt_plan": "tensorrt"}
 TORCH_FORMATS = ("torchscript", "torch-tensorrt")
-HARDWARE_COMPATIBLE = "ampere_plus"  # TensorRT's HardwareCompatibilityLevel.AMPERE_PLUS
 AMPERE = (8, 0)
 
 
@@ -66,13 +66,24 @@ class EngineFacts:
         if isinstance(manifest, Manifest):
             return cls.of_manifest(manifest)
         data: Mapping[str, Any] = manifest.to_dict() if hasattr(manifest, "to_dict") else manifest
-        versions = data.get("versions") or {}
-        details = data.get("details") or {}
-        fmt = data.get("format")
+        return cls._from_records(data.get("model") or data.get("requested_name"), data.get("format"),
+                                 (data.get("triton") or {}).get("platform"), data.get("versions") or {},
+                                 data.get("details") or {})
+
+    @classmethod
+    def of_manifest(cls, manifest: Manifest) -> "EngineFacts":
+        """From a :class:`packager.manifest.Manifest`."""
+        return cls._from_records(manifest.model or manifest.requested_name, manifest.format, manifest.triton.platform,
+                                 manifest.versions, manifest.details.to_dict())
+
+    @classmethod
+    def _from_records(cls, model: Any, fmt: Any, platform: Any, versions: Mapping[str, Any],
+                      details: Mapping[str, Any]) -> "EngineFacts":
+        """From a manifest's parts: its ``versions`` and ``details`` as written in the file."""
         if fmt not in ENGINE_FORMATS and fmt not in TORCH_FORMATS:
-            fmt = ENGINE_PLATFORMS.get((data.get("triton") or {}).get("platform") or "", fmt)
+            fmt = ENGINE_PLATFORMS.get(platform or "", fmt)
         return cls(
-            model=str(data.get("model") or data.get("requested_name") or "this model"),
+            model=str(model or "this model"),
             format=fmt,
             tensorrt=_known(versions.get("tensorrt")),
             torch_tensorrt=_known(versions.get("torch_tensorrt")),
@@ -80,24 +91,6 @@ class EngineFacts:
             torch=_known(versions.get("torch")),
             compute_capability=_known(details.get("compute_capability")),
             hardware_compatibility=_known(details.get("hardware_compatibility")),
-        )
-
-    @classmethod
-    def of_manifest(cls, manifest: Manifest) -> "EngineFacts":
-        """From a :class:`packager.manifest.Manifest`."""
-        fmt = manifest.format
-        if fmt not in ENGINE_FORMATS and fmt not in TORCH_FORMATS:
-            fmt = ENGINE_PLATFORMS.get(manifest.triton.platform or "", fmt)
-        versions, details = manifest.versions, manifest.details
-        return cls(
-            model=str(manifest.model or manifest.requested_name or "this model"),
-            format=fmt,
-            tensorrt=_known(versions.get("tensorrt")),
-            torch_tensorrt=_known(versions.get("torch_tensorrt")),
-            torch_tensorrt_abi=_known(details.torch_tensorrt_abi),
-            torch=_known(versions.get("torch")),
-            compute_capability=_known(details.compute_capability),
-            hardware_compatibility=_known(details.hardware_compatibility),
         )
 
     @classmethod
@@ -134,12 +127,6 @@ def parse_cc(text: str | None) -> tuple[int, int] | None:
     if len(parts) != 2 or not all(p.isdigit() for p in parts):
         return None
     return int(parts[0]), int(parts[1])
-
-
-def engine_format(manifest: Any) -> str | None:
-    """The artifact's format when it holds a TensorRT engine, else None."""
-    facts = EngineFacts.of(manifest)
-    return facts.format if facts.has_engine else None
 
 
 def _rebuild(release: Release) -> str:

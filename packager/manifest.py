@@ -1,7 +1,7 @@
 """manifest.json: what an artifact is, how it was made and how to call it (schema-versioned).
 
-One typed contract for the file: :class:`Manifest` and its frozen sub-records, each with
-``from_dict`` / ``to_dict``. ``to_dict`` writes the same keys, nesting and order the file has
+One typed contract for the file: :class:`Manifest` and its frozen sub-records (defined in
+:mod:`packager.manifest_records`, importable from here), each with ``from_dict`` / ``to_dict``. ``to_dict`` writes the same keys, nesting and order the file has
 always had, so manifests already on disk keep loading and new ones read the same.
 :meth:`Manifest.load` is the one reader (schema-version check, one-line errors).
 """
@@ -14,371 +14,22 @@ from typing import Any, Mapping
 
 from mme.errors import MmeError
 from mme.fsutil import read_versioned_json, write_json_atomic
+from packager.manifest_records import (
+    BuildDetails,
+    FileEntry,
+    ManifestFieldError,
+    SampleRequest,
+    Source,
+    TensorEntry,
+    TritonSettings,
+    TritonTarget,
+    Validation,
+    object_field,
+    required_field,
+)
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
-
-
-class ManifestFieldError(ValueError):
-    """A manifest.json that lacks a field or has one of the wrong kind (the path names it)."""
-
-
-def _required(data: Mapping[str, Any], key: str, where: str) -> Any:
-    if not isinstance(data, Mapping):
-        raise ManifestFieldError(f"{where} is not an object")
-    if key not in data:
-        raise ManifestFieldError(f"{where}.{key} is missing" if where else f"{key} is missing")
-    return data[key]
-
-
-def _mapping(value: Any, where: str) -> dict:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ManifestFieldError(f"{where} is not an object")
-    return dict(value)
-
-
-def _rest(data: Mapping[str, Any], known: tuple[str, ...]) -> dict[str, Any]:
-    return {k: v for k, v in data.items() if k not in known}
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    path: str  # relative to the artifact directory
-    sha256: str
-    bytes: int
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], where: str = "files[]") -> "FileEntry":
-        return cls(str(_required(data, "path", where)), str(_required(data, "sha256", where)),
-                   int(_required(data, "bytes", where)))
-
-    def to_dict(self) -> dict:
-        return {"path": self.path, "sha256": self.sha256, "bytes": self.bytes}
-
-
-@dataclass(frozen=True)
-class SampleRequest:
-    json_file: str  # KServe v2 JSON body (Content-Type application/json)
-    binary_file: str  # binary+json body
-    binary_header_size: int
-
-    @property
-    def binary_content_type(self) -> str:
-        return f"application/vnd.sagemaker-triton.binary+json;json-header-size={self.binary_header_size}"
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], where: str = "sample_request") -> "SampleRequest":
-        return cls(str(_required(data, "json_file", where)), str(_required(data, "binary_file", where)),
-                   int(_required(data, "binary_header_size", where)))
-
-    def to_dict(self) -> dict:
-        return {"json_file": self.json_file, "binary_file": self.binary_file,
-                "binary_header_size": self.binary_header_size, "binary_content_type": self.binary_content_type}
-
-
-@dataclass(frozen=True)
-class Source:
-    """Where the weights came from: ``family`` (timm, huggingface), the requested ``name``,
-    ``weights`` (pretrained | random | local), ``weights_path`` (local) or ``seed`` (random),
-    then the family's own facts (``extra``: timm's pretrained tag, mean, std; the tokenizer...),
-    written flat after the fixed keys."""
-
-    family: str
-    name: str
-    weights: str
-    weights_path: str | None = None
-    seed: int | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-    _KEYS = ("family", "name", "weights", "weights_path", "seed")
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], where: str = "source") -> "Source":
-        return cls(
-            family=str(_required(data, "family", where)),
-            name=str(_required(data, "name", where)),
-            weights=str(_required(data, "weights", where)),
-            weights_path=data.get("weights_path"),
-            seed=data.get("seed"),
-            extra=_rest(data, cls._KEYS),
-        )
-
-    def to_dict(self) -> dict:
-        return {"family": self.family, "name": self.name, "weights": self.weights,
-                "weights_path": self.weights_path, "seed": self.seed, **self.extra}
-
-
-_TARGET_OPTIONAL = ("tensorrt", "cuda", "pytorch_container", "onnx_opset", "python", "torch", "torch_tensorrt",
-                    "torch_tensorrt_abi", "min_compute_capability")
-
-
-@dataclass(frozen=True)
-class TritonTarget:
-    """The serving release the artifact was made for (``mme.versions.Release.to_dict`` as
-    recorded at package time: the file keeps it even when versions.toml changes later)."""
-
-    release: str
-    triton_container: str | None = None
-    sagemaker_image: str | None = None
-    triton_server: str | None = None
-    tensorrt: str | None = None
-    cuda: str | None = None
-    pytorch_container: str | None = None
-    onnx_opset: int | None = None
-    python: str | None = None
-    torch: str | None = None
-    torch_tensorrt: str | None = None
-    torch_tensorrt_abi: str | None = None
-    min_compute_capability: str | None = None
-    sagemaker: bool = False
-    unverified: tuple[str, ...] = ()
-    extra: Mapping[str, Any] = field(default_factory=dict)  # keys a newer mme may add
-
-    _KEYS = ("release", "triton_container", "sagemaker_image", "triton_server", *_TARGET_OPTIONAL,
-             "sagemaker", "unverified")
-
-    @classmethod
-    def from_release(cls, release: Any) -> "TritonTarget":
-        """From a :class:`mme.versions.Release`."""
-        return cls.from_dict(release.to_dict())
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], where: str = "triton.target") -> "TritonTarget":
-        return cls(
-            release=str(_required(data, "release", where)),
-            triton_container=data.get("triton_container"),
-            sagemaker_image=data.get("sagemaker_image"),
-            triton_server=data.get("triton_server"),
-            **{key: data.get(key) for key in _TARGET_OPTIONAL},
-            sagemaker=bool(data.get("sagemaker", False)),
-            unverified=tuple(data.get("unverified") or ()),
-            extra=_rest(data, cls._KEYS),
-        )
-
-    def to_dict(self) -> dict:
-        data: dict[str, Any] = {"release": self.release, "triton_container": self.triton_container,
-                                "sagemaker_image": self.sagemaker_image, "triton_server": self.triton_server}
-        for key in _TARGET_OPTIONAL:
-            if getattr(self, key) is not None:
-                data[key] = getattr(self, key)
-        data["sagemaker"] = self.sagemaker
-        if self.unverified:
-            data["unverified"] = list(self.unverified)
-        return data | dict(self.extra)
-
-
-@dataclass(frozen=True)
-class TritonSettings:
-    """How Triton serves the model: ``platform`` or ``backend``, ``max_batch_size``, the
-    instance kind, dynamic batching, and the serving release it targets."""
-
-    platform: str | None
-    backend: str | None
-    max_batch_size: int
-    instance_kind: str | None
-    dynamic_batching: bool | None
-    target: TritonTarget | None = None  # None only in manifests older than release targets
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-    _KEYS = ("platform", "backend", "max_batch_size", "instance_kind", "dynamic_batching", "target")
-
-    @property
-    def release(self) -> str | None:
-        """The target release's name (e.g. ``"25.09"``), None when none is recorded."""
-        return self.target.release if self.target is not None else None
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], where: str = "triton") -> "TritonSettings":
-        target = data.get("target") if isinstance(data, Mapping) else None
-        return cls(
-            platform=_required(data, "platform", where),
-            backend=data.get("backend"),
-            max_batch_size=int(data.get("max_batch_size") or 0),
-            instance_kind=data.get("instance_kind"),
-            dynamic_batching=data.get("dynamic_batching"),
-            target=TritonTarget.from_dict(target, f"{where}.target") if target else None,
-            extra=_rest(data, cls._KEYS),
-        )
-
-    def to_dict(self) -> dict:
-        data: dict[str, Any] = {"platform": self.platform, "backend": self.backend, "max_batch_size": self.max_batch_size,
-                                "instance_kind": self.instance_kind, "dynamic_batching": self.dynamic_batching}
-        if self.target is not None:
-            data["target"] = self.target.to_dict()
-        return data | dict(self.extra)
-
-
-@dataclass(frozen=True)
-class TensorEntry:
-    """One model input or output as Triton and KServe v2 name it: ``datatype`` (KServe: FP32,
-    INT64...), ``dims`` without the batch axis (-1: dynamic), ``axes`` (the dynamic axis'
-    name per dim, None for fixed ones) and ``source_name`` (the framework's own name)."""
-
-    name: str
-    datatype: str
-    dims: tuple[int, ...]
-    axes: tuple[str | None, ...] | None = None
-    source_name: str | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-    _KEYS = ("name", "datatype", "dims", "axes", "source_name")
-
-    @property
-    def dim_axes(self) -> tuple[str | None, ...]:
-        """The axis name of each dim (None where fixed or not recorded)."""
-        return self.axes if self.axes is not None else (None,) * len(self.dims)
-
-    @classmethod
-    def from_spec(cls, spec: Any, source_name: str | None = None) -> "TensorEntry":
-        """From a :class:`packager.spec.TensorSpec` (what the export takes or returns)."""
-        return cls.from_dict(dict(spec.to_dict(), source_name=source_name))
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], where: str = "inputs[]") -> "TensorEntry":
-        axes = data.get("axes") if isinstance(data, Mapping) else None
-        return cls(
-            name=str(_required(data, "name", where)),
-            datatype=str(_required(data, "datatype", where)),
-            dims=tuple(int(d) for d in _required(data, "dims", where)),
-            axes=tuple(axes) if axes is not None else None,
-            source_name=data.get("source_name"),
-            extra=_rest(data, cls._KEYS),
-        )
-
-    def to_dict(self) -> dict:
-        data: dict[str, Any] = {"name": self.name, "datatype": self.datatype, "dims": list(self.dims)}
-        if self.axes is not None:
-            data["axes"] = list(self.axes)
-        if self.source_name is not None:
-            data["source_name"] = self.source_name
-        return data | dict(self.extra)
-
-
-@dataclass(frozen=True)
-class Validation:
-    """The comparison with PyTorch: ``passed`` (None: not compared, ``skipped`` says why),
-    ``atol``, the largest absolute difference and the cases run (as
-    ``packager.validate.ValidationReport.to_dict`` writes them)."""
-
-    passed: bool | None
-    atol: float | None = None
-    max_abs_diff: float | None = None
-    cases: tuple[Mapping[str, Any], ...] | None = None
-    skipped: str | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-    _KEYS = ("passed", "atol", "max_abs_diff", "cases", "skipped")
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], where: str = "validation") -> "Validation":
-        data = _mapping(data, where)
-        cases = data.get("cases")
-        return cls(
-            passed=data.get("passed"),
-            atol=data.get("atol"),
-            max_abs_diff=data.get("max_abs_diff"),
-            cases=tuple(cases) if cases is not None else None,
-            skipped=data.get("skipped"),
-            extra=_rest(data, cls._KEYS),
-        )
-
-    def to_dict(self) -> dict:
-        data: dict[str, Any] = {"passed": self.passed}
-        for key in ("atol", "max_abs_diff"):
-            if getattr(self, key) is not None:
-                data[key] = getattr(self, key)
-        if self.cases is not None:
-            data["cases"] = [dict(c) for c in self.cases]
-        if self.skipped is not None:
-            data["skipped"] = self.skipped
-        return data | dict(self.extra)
-
-
-@dataclass(frozen=True)
-class BuildDetails:
-    """``details``: what the export recorded of the build. Its keys depend on the format (the
-    ONNX opset; TensorRT's version, precision, builder settings and GPU; the SageMaker job of a
-    remote compile; ...), so they are kept as written, in order; the ones code reads are typed
-    properties, absent ones None."""
-
-    values: Mapping[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None, where: str = "details") -> "BuildDetails":
-        return cls(_mapping(data, where))
-
-    def to_dict(self) -> dict:
-        return dict(self.values)
-
-    def updated(self, **values: Any) -> "BuildDetails":
-        return BuildDetails(dict(self.values) | values)
-
-    def _text(self, key: str) -> str | None:
-        value = self.values.get(key)
-        return None if value is None else str(value)
-
-    @property
-    def task(self) -> str | None:
-        return self._text("task")
-
-    @property
-    def axes_max(self) -> dict[str, int]:
-        """The largest length of each dynamic axis (sequence: 128); empty when none."""
-        return {str(k): int(v) for k, v in (self.values.get("axes_max") or {}).items()}
-
-    @property
-    def opset(self) -> int | None:
-        return self.values.get("opset")
-
-    @property
-    def tensorrt(self) -> str | None:
-        return self._text("tensorrt")
-
-    @property
-    def precision(self) -> str | None:
-        return self._text("precision")
-
-    @property
-    def engine_precision(self) -> str | None:
-        return self._text("engine_precision")
-
-    @property
-    def layer_precisions(self) -> Any:
-        return self.values.get("layer_precisions")
-
-    @property
-    def builder_settings(self) -> dict[str, Any]:
-        return dict(self.values.get("builder_settings") or {})
-
-    @property
-    def hardware_compatibility(self) -> str | None:
-        return self._text("hardware_compatibility")
-
-    @property
-    def gpu(self) -> str | None:
-        return self._text("gpu")
-
-    @property
-    def compute_capability(self) -> str | None:
-        return self._text("compute_capability")
-
-    @property
-    def torch_tensorrt_abi(self) -> str | None:
-        return self._text("torch_tensorrt_abi")
-
-    @property
-    def built_on(self) -> str | None:
-        return self._text("built_on")
-
-    @property
-    def builder(self) -> str | None:
-        return self._text("builder")
-
-    @property
-    def training_job(self) -> str | None:
-        return self._text("training_job")
 
 
 @dataclass(frozen=True)
@@ -433,20 +84,20 @@ class Manifest:
             raise ManifestFieldError("the document is not an object")
         try:
             return cls(
-                model=str(_required(data, "model", "")),
+                model=str(required_field(data, "model", "")),
                 requested_name=str(data.get("requested_name") or data["model"]),
-                format=str(_required(data, "format", "")),
-                source=Source.from_dict(_required(data, "source", "")),
-                triton=TritonSettings.from_dict(_required(data, "triton", "")),
-                tarball=str(_required(data, "tarball", "")),
-                files=tuple(FileEntry.from_dict(f) for f in _required(data, "files", "")),
+                format=str(required_field(data, "format", "")),
+                source=Source.from_dict(required_field(data, "source", "")),
+                triton=TritonSettings.from_dict(required_field(data, "triton", "")),
+                tarball=str(required_field(data, "tarball", "")),
+                files=tuple(FileEntry.from_dict(f) for f in required_field(data, "files", "")),
                 parameters=int(data.get("parameters") or 0),
-                inputs=tuple(TensorEntry.from_dict(t, "inputs[]") for t in _required(data, "inputs", "")),
-                outputs=tuple(TensorEntry.from_dict(t, "outputs[]") for t in _required(data, "outputs", "")),
-                sample_request=SampleRequest.from_dict(_required(data, "sample_request", "")),
-                versions={str(k): str(v) for k, v in _mapping(data.get("versions"), "versions").items()},
+                inputs=tuple(TensorEntry.from_dict(t, "inputs[]") for t in required_field(data, "inputs", "")),
+                outputs=tuple(TensorEntry.from_dict(t, "outputs[]") for t in required_field(data, "outputs", "")),
+                sample_request=SampleRequest.from_dict(required_field(data, "sample_request", "")),
+                versions={str(k): str(v) for k, v in object_field(data.get("versions"), "versions").items()},
                 validation=Validation.from_dict(data.get("validation") or {"passed": None}),
-                timings_s={str(k): float(v) for k, v in _mapping(data.get("timings_s"), "timings_s").items()},
+                timings_s={str(k): float(v) for k, v in object_field(data.get("timings_s"), "timings_s").items()},
                 created_at=str(data.get("created_at") or ""),
                 details=BuildDetails.from_dict(data.get("details")),
                 schema_version=int(data.get("schema_version", SCHEMA_VERSION)),

@@ -9,15 +9,13 @@ from typing import Any, Mapping
 
 from packager.spec import InputMaker, IOSpec
 
-WEIGHT_MODES = ("auto", "pretrained", "random", "local")
-
 
 @dataclass(frozen=True)
 class ModelRequest:
     """What the user asked for: a model name and how to get its weights."""
 
     name: str
-    weights: str = "auto"  # one of WEIGHT_MODES
+    weights: str = "auto"  # auto | pretrained | random | local
     weights_path: Path | None = None
     image_size: int | None = None  # square input side for image models
     seq_len: int | None = None  # max sequence length for text models
@@ -40,10 +38,6 @@ class LoadedModel:
     weights: str  # "pretrained" | "random" | "local"
     parameters: int
     details: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def triton_name(self) -> str:
-        return triton_model_name(self.request.name)
 
 
 def triton_model_name(name: str) -> str:

@@ -23,8 +23,7 @@ from mme.progress import Reporter
 from mme.versions import release as triton_release
 from packager import layout
 from packager.formats import FORMATS, ExportContext, ExportOptions
-from packager.formats.base import package_version
-from packager.formats.gpu import check_precision, default_atol
+from packager.formats.gpu import check_precision
 from packager.formats.onnx_format import MIN_OPSET
 from packager.hub import hub_reachable, use_offline_mode
 from packager.manifest import BuildDetails, Manifest, Source, TensorEntry, TritonSettings, TritonTarget, Validation
@@ -65,8 +64,6 @@ def check_request(request: PackageRequest) -> None:
     path = request.model.weights_path
     if path is not None and not path.exists():
         raise UsageError(f"--weights {path}: no such file or directory; pass a local checkpoint file or a Hugging Face model directory")
-    if request.export.max_batch_size != request.triton.max_batch_size:
-        raise UsageError("internal: export and Triton max batch sizes differ")
     check_precision(request.export.precision)
     gpu = [name for name in request.formats if FORMATS[name].requires_gpu]
     if request.export.hardware_compatible and not gpu:
@@ -101,29 +98,29 @@ def package(request: PackageRequest, reporter: Reporter) -> list[PackagedArtifac
     workdir = Path(tempfile.mkdtemp(dir=model_root, prefix=".work-"))
     results: list[PackagedArtifact] = []
     try:
-        ctx = ExportContext(model=model, options=request.export, workdir=workdir, reporter=reporter)
+        max_batch = request.triton.max_batch_size
+        ctx = ExportContext(model=model, options=request.export, workdir=workdir, reporter=reporter,
+                            max_batch_size=max_batch)
         with reporter.stage("reference outputs from PyTorch", load_timings, "reference"):
-            references = reference_cases(model, request.export.max_batch_size)
+            references = reference_cases(model, max_batch)
         for index, format_name in enumerate(request.formats, start=1):
             fmt = FORMATS[format_name]
             reporter.info(f"[{index}/{len(request.formats)}] {format_name}: {fmt.description}")
             timings = dict(load_timings)
             with reporter.stage("export", timings, "export"):
                 exported = fmt.export(ctx)
-            atol = request.atol or default_atol(model.spec.default_atol, request.export.precision, fmt.requires_gpu)
+            atol = request.atol or fmt.default_atol(model.spec.default_atol, request.export.precision)
             with reporter.stage("validate against PyTorch", timings, "validate"):
                 report = validate(model, exported, fmt.runner(exported, ctx), references, atol, reporter)
             with staged_directory(model_root / format_name) as staging:
                 with reporter.stage("layout", timings, "layout"):
-                    parameters = {}
-                    if fmt.backend == "python":
-                        parameters = {"intra_op_num_threads": str(request.export.cpu_threads), "onnx_file": "model.onnx"}
-                    config = build_config(fmt, exported, request.triton, model.spec.axes, parameters)
+                    config = build_config(fmt, exported, request.triton, model.spec.axes,
+                                          fmt.triton_parameters(request.export))
                     layout.write_model_directory(staging, name, exported, config)
                     sample = layout.write_sample_request(staging, model, exported)
                 with reporter.stage("tarball", timings, "tarball"):
                     tarball = layout.write_tarball(staging, name)
-                manifest = _manifest(request, model, fmt, exported, config, sample, tarball.name, staging,
+                manifest = _manifest(request, family, model, fmt, exported, config, sample, tarball.name, staging,
                                      report, timings, release)
                 manifest.write(staging)
             results.append(PackagedArtifact(format_name, model_root / format_name, manifest))
@@ -134,14 +131,10 @@ def package(request: PackageRequest, reporter: Reporter) -> list[PackagedArtifac
     return results
 
 
-def _manifest(request, model, fmt, exported, config, sample, tarball, staging, report, timings, release) -> Manifest:
-    versions = {"mme-toolkit": __version__, "python": platform.python_version(), **fmt.versions()}
-    versions[model.family if model.family != "huggingface" else "transformers"] = (
-        package_version("timm" if model.family == "timm" else "transformers") or "unknown"
-    )
-    for key in ("tensorrt", "torch_tensorrt"):
-        if key in exported.details:
-            versions[key] = str(exported.details[key])
+def _manifest(request, family, model, fmt, exported, config, sample, tarball, staging, report, timings,
+              release) -> Manifest:
+    versions = {"mme-toolkit": __version__, "python": platform.python_version(), **fmt.recorded_versions(exported),
+                **family.versions()}
     source = Source(
         family=model.family,
         name=request.model.name,

@@ -32,6 +32,10 @@ class ModelFamily:
     def load(self, request: ModelRequest, reporter: Reporter) -> LoadedModel:
         return self.module.load(request, reporter)
 
+    def versions(self) -> dict[str, str]:
+        """The family's library versions, for the manifest."""
+        return self.module.versions()
+
 
 FAMILIES: tuple[ModelFamily, ...] = (
     ModelFamily(hf_source.FAMILY, "Hugging Face transformers encoders, with their tokenizer", hf_source),
@@ -77,6 +81,3 @@ def _unknown_message(name: str, known: list[str]) -> str:
     hint = f"did you mean {', '.join(close)}? " if close else ""
     return f"unknown model {name!r}; {hint}run 'mme package --list' to see the known models"
 
-
-def load_model(request: ModelRequest, reporter: Reporter, family: str | None = None) -> LoadedModel:
-    return resolve(request.name, family, request.weights_path).load(request, reporter)

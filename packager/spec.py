@@ -97,6 +97,3 @@ class IOSpec:
         if big != 1 or short != full:
             cases.append((1, short))
         return tuple(cases)
-
-    def with_outputs(self, outputs: tuple[TensorSpec, ...]) -> "IOSpec":
-        return IOSpec(self.task, self.inputs, outputs, self.axis_max, self.default_atol)

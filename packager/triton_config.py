@@ -1,5 +1,7 @@
-"""config.pbtxt built and read through Triton's own protobuf schema (``model_config_pb2``
-from tritonclient + ``text_format``), never from string templates.
+"""config.pbtxt built, written and read through Triton's own protobuf schema
+(``model_config_pb2`` from tritonclient + ``text_format``), never from string templates.
+This module is the one door for config.pbtxt I/O: :func:`to_text` / :func:`write_config`
+out, :func:`parse_config` / :func:`read_config` in (a bad file is a :class:`ModelConfigError`).
 
 The ``name`` field is left out on purpose: Triton then takes the model's name from its
 directory, and SageMaker's MME loads each copy under its target-model name
@@ -12,9 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from google.protobuf import text_format
+from google.protobuf.message import DecodeError
 from tritonclient.grpc import model_config_pb2 as mc
 
-from mme.errors import UsageError
+from mme.errors import MmeError, UsageError
+from mme.fsutil import write_bytes_atomic
 from packager.formats.base import ExportedModel, ModelFormat
 
 
@@ -77,13 +81,36 @@ def build_config(fmt: ModelFormat, exported: ExportedModel, options: TritonOptio
     return config
 
 
+class ModelConfigError(MmeError):
+    """A config.pbtxt Triton's schema does not parse; ``where`` names it, ``reason`` says why."""
+
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(f"{where} is not a valid Triton model config ({reason}); fix it and re-package")
+        self.where = where
+        self.reason = reason
+
+
 def to_text(config: mc.ModelConfig) -> str:
     return text_format.MessageToString(config)
 
 
 def write_config(config: mc.ModelConfig, path: Path) -> None:
-    path.write_text(to_text(config))
+    write_bytes_atomic(path, to_text(config).encode("utf-8"))
 
 
-def read_config(path: Path) -> mc.ModelConfig:
-    return text_format.Parse(path.read_text(), mc.ModelConfig())
+def parse_config(text: str, where: str = "config.pbtxt") -> mc.ModelConfig:
+    """A config.pbtxt's text as a ModelConfig; raises :class:`ModelConfigError` naming ``where``."""
+    try:
+        return text_format.Parse(text, mc.ModelConfig())
+    except (text_format.ParseError, DecodeError) as exc:
+        raise ModelConfigError(where, str(exc)) from None
+
+
+def read_config(path: Path, label: str = "") -> mc.ModelConfig:
+    """Read a config.pbtxt (UTF-8); ``label`` names it in errors (default: its path)."""
+    where = label or str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ModelConfigError(where, str(exc)) from None
+    return parse_config(text, where)

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 import psutil
-import requests
 
 from mme.progress import Reporter
 from serving.cache import CachedModel
+from serving.container import ContainerUnreachable
 from serving.metrics import EndpointMetrics
 from serving.triton.base import alive
 
@@ -58,7 +58,8 @@ class LoadedEntry:
 
 
 # The container's unload of a target, with a timeout (None: the client's default); raises
-# requests.RequestException when it does not finish. A target already gone counts as unloaded.
+# serving.container.ContainerUnreachable (ContainerTimedOut) when it does not finish. A target
+# already gone counts as unloaded.
 Unload = Callable[[str, "float | None"], Awaitable[None]]
 
 
@@ -226,7 +227,7 @@ class Admission:
         load that needs its room."""
         try:
             unload_s = await self.unload_model(victim, timeout_s=EVICT_UNLOAD_TIMEOUT_S)
-        except requests.RequestException as exc:
+        except ContainerUnreachable as exc:
             self.reporter.warn(f"Triton did not unload {victim} within {EVICT_UNLOAD_TIMEOUT_S:g} s "
                                f"({type(exc).__name__}); restarting it, models reload on demand")
             if self._restart is not None:

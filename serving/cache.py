@@ -1,10 +1,7 @@
 """The MME instance's model cache: download a target model once, verify and unpack it, reuse it.
 
-On disk, one directory per target (named by a hash of the target, as SageMaker names
-``/opt/ml/models/<hash>/model``)::
-
-    <root>/<hash>/model/        the unpacked model: the "url" for the container's POST /models
-    <root>/<hash>/entry.json    written last; without it the directory is not an entry
+On disk, one directory per target, ``<root>/<hash>/model`` (:mod:`serving.cache_entries` keeps
+that bookkeeping: entry.json, sizes, last uses, recovery after a restart).
 
 A fetch of a target that is cached and unchanged at the source (same size and ETag/mtime)
 is a hit: no download. Concurrent fetches of one target share one download (single flight):
@@ -28,38 +25,44 @@ as its files would pass the whole disk limit (such a model could never fit) or t
 free space less a reserve, before writing the rest (``ExceedsDiskBudget``). A tarball that reads
 as truncated while the source now reports another size or version was caught half-written: that
 is :class:`ArtifactChanged` (retryable), not corrupt. A use is a fetch (hit or download) or
-:meth:`ModelCache.touch`; its time is kept as the mtime of the entry's ``entry.json``, so LRU order survives a restart. ``usage_bytes()``
-(entries only, not downloads in progress) is kept as entries come and go: each entry's allocated
-size, as ``du`` counts it, is measured once when it is extracted and recorded in ``entry.json``.
+:meth:`ModelCache.touch`, recorded in the entry (LRU order survives a restart). ``usage_bytes()``
+(entries only, not downloads in progress, each as ``du`` counts it) is kept as entries come and go.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
 import os
-import re
 import shutil
-import stat
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mme.errors import MmeError
-from mme.fsutil import write_json_atomic
+from serving.cache_entries import (
+    ENTRY_FILE,
+    MODEL_DIR,
+    CachedModel,
+    cache_key,
+    disk_usage,
+    entry_overhead,
+    recover_entries,
+    remove_entry,
+    set_last_use,
+    write_entry,
+)
 from serving.extract import CorruptArtifact, DiskBudget, ExtractLimits, extract_model_tarball
 from serving.store import ArtifactChanged, ModelSource, ObjectInfo, StoreError, validate_target_name
 
-ENTRY_FILE = "entry.json"
-MODEL_DIR = "model"
-_KEY = re.compile(r"\A[0-9a-f]{32}\Z")  # cache_key(); other names under root are left alone
-_TEMP_PREFIXES = (".download-", f".{MODEL_DIR}.extract-", f".{MODEL_DIR}.staging-", f".{MODEL_DIR}.old-")
-_DISK_BYTES = "disk_bytes"  # entry.json: allocated bytes of model/, measured when it was extracted
+__all__ = [  # the entry names stay importable from here
+    "ENTRY_FILE", "FREE_SPACE_RESERVE_BYTES", "MODEL_DIR", "CacheStats", "CachedModel", "FetchInterrupted",
+    "ModelCache", "cache_key", "disk_usage",
+]
+
 # Free space an extraction leaves on the cache's filesystem (logs, Triton's own files, other writers).
 FREE_SPACE_RESERVE_BYTES = 256 * 2**20
 _log = logging.getLogger(__name__)
@@ -67,25 +70,6 @@ _log = logging.getLogger(__name__)
 
 class FetchInterrupted(MmeError):
     """The fetch this caller was waiting on was interrupted."""
-
-
-@dataclass(frozen=True)
-class CachedModel:
-    target: str
-    model_dir: Path  # give this to the container: POST /models {"model_name": ..., "url": model_dir}
-    tarball_bytes: int
-    sha256: str
-    download_seconds: float
-    extract_seconds: float
-    source_version: str  # ETag or mtime the copy was made from
-    layout: str  # model-dir, ensemble or root-config
-    # This fetch found the copy already extracted (no download); not part of the model's identity.
-    cache_hit: bool = field(default=False, compare=False)
-
-    @property
-    def container_name(self) -> str:
-        """The name SageMaker gives the container for this target: the hash its directory is named by."""
-        return cache_key(self.target)
 
 
 @dataclass(frozen=True)
@@ -103,10 +87,6 @@ class _Flight:
         self.done = threading.Event()
         self.result: CachedModel | None = None
         self.error: BaseException | None = None
-
-
-def cache_key(target: str) -> str:
-    return hashlib.sha256(target.encode()).hexdigest()[:32]
 
 
 class ModelCache:
@@ -246,9 +226,9 @@ class ModelCache:
                 self._failures += 1
             raise
         entry_dir = self.root / cache_key(target)
-        size = model_bytes + _entry_overhead(entry_dir)
+        size = model_bytes + entry_overhead(entry_dir)
         stamp = self._next_stamp()
-        _set_mtime(entry_dir / ENTRY_FILE, stamp)
+        set_last_use(entry_dir, stamp)
         with self._lock:
             self._usage += size - self._sizes.get(target, 0)
             self._entries[target] = fresh
@@ -284,7 +264,7 @@ class ModelCache:
             return False
         stamp = self._next_stamp()
         with contextlib.suppress(FileNotFoundError):  # deleted meanwhile: nothing to stamp
-            _set_mtime(self.root / cache_key(target) / ENTRY_FILE, stamp)
+            set_last_use(self.root / cache_key(target), stamp)
         with self._lock:
             if target not in self._entries:
                 return False
@@ -340,9 +320,7 @@ class ModelCache:
         entry_dir = self.root / cache_key(target)
         if not entry_dir.exists():
             return size
-        with contextlib.suppress(FileNotFoundError):
-            (entry_dir / ENTRY_FILE).unlink()  # first: a half-removed directory is not an entry
-        shutil.rmtree(entry_dir)
+        remove_entry(entry_dir)
         return size if size is not None else 0
 
     def _download_and_extract(self, target: str) -> tuple[CachedModel, int]:
@@ -372,7 +350,7 @@ class ModelCache:
             # Measured once, here: the extraction just wrote these files. ExtractedModel.total_bytes
             # counts file contents only, not the blocks, directories and inodes du counts.
             model_bytes = disk_usage(extracted.root)
-            write_json_atomic(entry_dir / ENTRY_FILE, asdict(cached) | {"model_dir": MODEL_DIR, _DISK_BYTES: model_bytes})
+            write_entry(entry_dir, cached, model_bytes)
             return cached, model_bytes
         finally:
             with contextlib.suppress(FileNotFoundError):
@@ -405,74 +383,10 @@ class ModelCache:
 
     def _recover(self) -> None:
         """Load entries left by an earlier run (with their sizes and last uses); remove temp files and incomplete entries."""
-        for entry_dir in sorted(p for p in self.root.iterdir() if p.is_dir() and _KEY.match(p.name)):
-            for leftover in entry_dir.iterdir():
-                if leftover.name.startswith(_TEMP_PREFIXES):
-                    if leftover.is_dir():
-                        shutil.rmtree(leftover, ignore_errors=True)
-                    else:
-                        leftover.unlink(missing_ok=True)
-            found = self._read_entry(entry_dir)
-            if found is None:
-                shutil.rmtree(entry_dir, ignore_errors=True)
-                continue
-            cached, model_bytes = found
-            if model_bytes is None:  # written before sizes were recorded: measure it once
-                model_bytes = disk_usage(cached.model_dir)
-            size = model_bytes + _entry_overhead(entry_dir)
-            stamp = (entry_dir / ENTRY_FILE).stat().st_mtime_ns
-            self._entries[cached.target] = cached
-            self._sizes[cached.target] = size
-            self._last_used[cached.target] = stamp
-            self._usage += size
-            self._stamp = max(self._stamp, stamp)
-
-    @staticmethod
-    def _read_entry(entry_dir: Path) -> tuple[CachedModel, int | None] | None:
-        try:
-            data = json.loads((entry_dir / ENTRY_FILE).read_text())
-            model_bytes = data.pop(_DISK_BYTES, None)
-            data["model_dir"] = entry_dir / data["model_dir"]
-            cached = CachedModel(**data)
-        except (FileNotFoundError, json.JSONDecodeError, TypeError, KeyError, AttributeError):
-            return None
-        if cache_key(cached.target) != entry_dir.name or not cached.model_dir.is_dir():
-            return None
-        return cached, model_bytes if isinstance(model_bytes, int) and model_bytes >= 0 else None
-
-
-def disk_usage(path: Path) -> int:
-    """Allocated bytes under ``path``, itself included, as ``du -s --block-size=1`` counts them:
-    st_blocks of every file, directory and link, a hard-linked inode once. 0 if it is gone."""
-    try:
-        top = os.lstat(path)
-    except FileNotFoundError:
-        return 0
-    total = top.st_blocks * 512
-    seen: set[tuple[int, int]] = set()
-    stack = [os.fspath(path)] if stat.S_ISDIR(top.st_mode) else []
-    while stack:
-        with os.scandir(stack.pop()) as it:
-            for item in it:
-                st = item.stat(follow_symlinks=False)
-                if stat.S_ISDIR(st.st_mode):
-                    stack.append(item.path)
-                elif st.st_nlink > 1:
-                    if (st.st_dev, st.st_ino) in seen:
-                        continue
-                    seen.add((st.st_dev, st.st_ino))
-                total += st.st_blocks * 512
-    return total
-
-
-def _entry_overhead(entry_dir: Path) -> int:
-    """Allocated bytes of an entry directory itself and its entry.json (what is not model/)."""
-    total = 0
-    for path in (entry_dir, entry_dir / ENTRY_FILE):
-        with contextlib.suppress(FileNotFoundError):
-            total += path.lstat().st_blocks * 512
-    return total
-
-
-def _set_mtime(path: Path, stamp_ns: int) -> None:
-    os.utime(path, ns=(stamp_ns, stamp_ns))
+        for found in recover_entries(self.root):
+            target = found.cached.target
+            self._entries[target] = found.cached
+            self._sizes[target] = found.size
+            self._last_used[target] = found.last_used_ns
+            self._usage += found.size
+            self._stamp = max(self._stamp, found.last_used_ns)

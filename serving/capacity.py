@@ -4,6 +4,11 @@ Start an empty server, measure its baseline, load copies one by one through the 
 API measuring after each, predict how many fit under the threshold, then load to the
 threshold to check the prediction. ``cycles`` loads and unloads one copy repeatedly and
 reports whether memory returns to where it started (users see memory not released).
+
+The report is shared with ``mme capacity --endpoint`` (``serving.capacity_remote``): each
+loop only takes readings into :class:`Readings` (baseline, then memory after each copy);
+:func:`build_report` turns them into the per-copy footprint, the prediction, the copies that
+fit and the projections onto other instance types.
 """
 
 from __future__ import annotations
@@ -11,8 +16,9 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 from mme.errors import UsageError
 from mme.fsutil import write_json_atomic
@@ -70,6 +76,87 @@ def predict(baseline: int, footprint: float, limit: int, threshold: float) -> in
     return max(0, math.floor((threshold * limit - baseline) / footprint))
 
 
+@dataclass(frozen=True)
+class Footprint:
+    """What one copy adds to memory: the mean, min and max of the steps' deltas."""
+
+    mean_bytes: float
+    min_bytes: int
+    max_bytes: int
+
+    @classmethod
+    def of(cls, steps: Sequence[CapacityStep]) -> "Footprint":
+        deltas = [s.delta_bytes for s in steps]
+        if not deltas:
+            raise ValueError("a footprint needs at least one step")
+        return cls(statistics.fmean(deltas), min(deltas), max(deltas))
+
+    def line(self) -> str:
+        return f"per copy {self.mean_bytes / 2**20:.0f} MiB (min {self.min_bytes / 2**20:.0f}, max {self.max_bytes / 2**20:.0f})"
+
+
+@dataclass
+class Readings:
+    """What a capacity loop reads: the server's memory before any copy, then after each copy
+    it loads (:meth:`record`). The local loop reads a meter on this host, the remote one the
+    gpu-metrics model on the endpoint."""
+
+    model: str
+    format: str
+    memory_kind: str
+    limit_bytes: int
+    threshold: float
+    baseline_bytes: int
+    steps: list[CapacityStep] = field(default_factory=list)
+
+    @property
+    def budget_bytes(self) -> float:
+        return self.threshold * self.limit_bytes
+
+    @property
+    def memory_bytes(self) -> int:
+        """The latest reading (the baseline before any copy)."""
+        return self.steps[-1].memory_bytes if self.steps else self.baseline_bytes
+
+    def record(self, memory_bytes: int, load_seconds: float) -> CapacityStep:
+        """The next copy is loaded and memory reads ``memory_bytes``."""
+        step = CapacityStep(len(self.steps) + 1, memory_bytes, memory_bytes - self.memory_bytes, round(load_seconds, 3))
+        self.steps.append(step)
+        return step
+
+    def fitted(self) -> int:
+        """How many copies were loaded with memory still under the threshold."""
+        return len([s for s in self.steps if s.memory_bytes <= self.budget_bytes])
+
+
+def project(baseline: int, footprint: Footprint, threshold: float,
+            instances: dict[str, dict] | None = None) -> tuple[Projection, ...]:
+    """The copies that would fit under ``threshold`` of each instance type's GPU memory."""
+    rows = instances or load_instances()
+    return tuple(
+        Projection(name, row.get("gpu", ""), int(row["gpu_memory_gib"] * 2**30),
+                   predict(baseline, footprint.mean_bytes, int(row["gpu_memory_gib"] * 2**30), threshold))
+        for name, row in rows.items()
+    )
+
+
+def build_report(readings: Readings, footprint_steps: Sequence[CapacityStep] | None = None, *, verified: bool = True,
+                 leak_check: dict | None = None, instances: dict[str, dict] | None = None) -> CapacityReport:
+    """Readings -> per-copy footprint (over ``footprint_steps``, default all steps) ->
+    prediction -> copies that fit (when the loop went on to the threshold: ``verified``) ->
+    projections onto instance types -> the report both loops write."""
+    footprint = Footprint.of(readings.steps if footprint_steps is None else footprint_steps)
+    return CapacityReport(
+        model=readings.model, format=readings.format, memory_kind=readings.memory_kind, limit_bytes=readings.limit_bytes,
+        threshold=readings.threshold, baseline_bytes=readings.baseline_bytes, steps=tuple(readings.steps),
+        footprint_mean_bytes=int(footprint.mean_bytes), footprint_min_bytes=footprint.min_bytes,
+        footprint_max_bytes=footprint.max_bytes,
+        predicted_copies=predict(readings.baseline_bytes, footprint.mean_bytes, readings.limit_bytes, readings.threshold),
+        actual_copies=readings.fitted() if verified else None,
+        projections=project(readings.baseline_bytes, footprint, readings.threshold, instances), leak_check=leak_check,
+    )
+
+
 def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | None, probe_copies: int = 3,
                      verify: bool = True, cycles: int = 0, max_copies: int = 500,
                      instances: dict[str, dict] | None = None, reporter: Reporter | None = None,
@@ -102,7 +189,6 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
         server = create_server(kind, config, model_root=cache.root)
         meter = choose_meter(memory, server.pids, instance_kind=manifest.triton.instance_kind)
         limit = limit_bytes or meter.total()
-        budget = threshold * limit
         server.start()
         try:
             control = ContainerClient(server.sagemaker_url)
@@ -120,51 +206,33 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
             baseline = used()
             reporter.info(f"==> capacity of {manifest.model} ({manifest.format}): baseline {baseline / 2**20:.0f} MiB, "
                           f"limit {limit / 2**20:.0f} MiB, threshold {threshold:.0%}; counting {meter.description}")
-            steps: list[CapacityStep] = []
-            memory_now = baseline
+            readings = Readings(manifest.model, manifest.format, meter.description, limit, threshold, baseline)
 
             def load_next() -> CapacityStep:
-                nonlocal memory_now
-                index = len(steps) + 1
-                seconds = load(copy_name(tarball, index))
-                after = used()
-                step = CapacityStep(index, after, after - memory_now, round(seconds, 3))
-                memory_now = after
-                steps.append(step)
-                reporter.info(f"  copy {index:>3}: {after / 2**20:8.0f} MiB (+{step.delta_bytes / 2**20:.0f} MiB, "
-                              f"loaded in {seconds:.2f} s, {after / limit:.1%} of the limit)")
+                seconds = load(copy_name(tarball, len(readings.steps) + 1))
+                step = readings.record(used(), seconds)
+                reporter.info(f"  copy {step.copies:>3}: {step.memory_bytes / 2**20:8.0f} MiB (+{step.delta_bytes / 2**20:.0f} MiB, "
+                              f"loaded in {seconds:.2f} s, {step.memory_bytes / limit:.1%} of the limit)")
                 return step
 
             for _ in range(probe_copies):
                 load_next()
-            deltas = [s.delta_bytes for s in steps]
-            mean = statistics.fmean(deltas)
-            predicted = predict(baseline, mean, limit, threshold)
-            reporter.info(f"  per copy {mean / 2**20:.0f} MiB (min {min(deltas) / 2**20:.0f}, max {max(deltas) / 2**20:.0f}): "
-                          f"predicted {predicted} copies under {threshold:.0%}")
-            actual = None
+            probes = tuple(readings.steps)
+            footprint = Footprint.of(probes)
+            predicted = predict(baseline, footprint.mean_bytes, limit, threshold)
+            reporter.info(f"  {footprint.line()}: predicted {predicted} copies under {threshold:.0%}")
             if verify:
                 if predicted > max_copies:
                     raise UsageError(f"{predicted} copies predicted: more than --max-copies {max_copies}; "
                                      "pass a smaller --memory-limit or --no-verify")
-                while memory_now <= budget and len(steps) < max_copies:
+                while readings.memory_bytes <= readings.budget_bytes and len(readings.steps) < max_copies:
                     load_next()
-                actual = len([s for s in steps if s.memory_bytes <= budget])
-                reporter.info(f"  actual: {actual} copies fit (predicted {predicted})")
-            leak = _leak_check(control, cache, server, tarball, len(steps), cycles, used, reporter) if cycles else None
+                reporter.info(f"  actual: {readings.fitted()} copies fit (predicted {predicted})")
+            leak = (_leak_check(control, cache, server, tarball, len(readings.steps), cycles, used, reporter)
+                    if cycles else None)
         finally:
             server.stop()
-    projections = tuple(
-        Projection(name, row.get("gpu", ""), int(row["gpu_memory_gib"] * 2**30),
-                   predict(baseline, mean, int(row["gpu_memory_gib"] * 2**30), threshold))
-        for name, row in (instances or load_instances()).items()
-    )
-    return CapacityReport(
-        model=manifest.model, format=manifest.format, memory_kind=meter.description, limit_bytes=limit,
-        threshold=threshold, baseline_bytes=baseline, steps=tuple(steps), footprint_mean_bytes=int(mean),
-        footprint_min_bytes=min(deltas), footprint_max_bytes=max(deltas), predicted_copies=predicted,
-        actual_copies=actual, projections=projections, leak_check=leak,
-    )
+    return build_report(readings, probes, verified=verify, leak_check=leak, instances=instances)
 
 
 def _leak_check(control, cache, server, tarball, loaded, cycles, used, reporter) -> dict:

@@ -13,33 +13,35 @@ tree against the host's RAM. The loop:
       invoke gpu-metrics                   -> step i
       stop once utilisation reaches the threshold
 
-and the same report as the local loop (``serving.capacity.CapacityReport``): baseline,
-per-copy footprint mean/min/max, the copies that fit under the threshold, the prediction
-from the footprint, and projections onto other instance types.
+This module only takes the readings (``serving.capacity.Readings``); the report is the local
+loop's, built by the same ``serving.capacity.build_report``: baseline, per-copy footprint
+mean/min/max (copies already loaded by an earlier run left out), the copies that fit under
+the threshold, the prediction from the footprint, and projections onto other instance types.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 import tempfile
 import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from mme.aws.errors import AwsError
+from mme.aws.s3 import TransferSettings, copy_object, head, matches, verify
+from mme.aws.session import S3Uri, aws_errors, error_code, error_message
 from mme.errors import UsageError
 from mme.fsutil import deterministic_tar_gz
 from mme.progress import Reporter
 from packager.manifest import Manifest
-from mme.aws.errors import AwsError
-from mme.aws.s3 import TransferSettings, copy_object, head, matches, verify
-from serving.deploy.s3push import Artifact, execute_push, load_artifact, plan_push
-from mme.aws.session import S3Uri, aws_errors, error_code, error_message
-from serving.capacity import CapacityReport, CapacityStep, Projection, predict
-from serving.instances import load_instances
+from serving.capacity import CapacityReport, Footprint, Readings, build_report
 from serving.copies import copy_name
+from serving.deploy.s3push import Artifact, execute_push, load_artifact, plan_push
+
+if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 METRICS_MODEL = "gpu-metrics"
 METRICS_TARBALL = f"{METRICS_MODEL}.tar.gz"
@@ -56,10 +58,8 @@ PRELOADED_BYTES = 2 * MIB  # a copy that adds less than this was already loaded
 # --- the metrics model ----------------------------------------------------------------
 
 
-def metrics_config_text() -> str:
-    """config.pbtxt of the metrics model, through Triton's protobuf schema (no name: the
-    MME loads it under its target name)."""
-    from google.protobuf import text_format
+def metrics_config() -> "ModelConfig":
+    """The metrics model's Triton config (no name: the MME loads it under its target name)."""
     from tritonclient.grpc import model_config_pb2 as mc
 
     config = mc.ModelConfig(backend="python", max_batch_size=0)
@@ -67,18 +67,27 @@ def metrics_config_text() -> str:
     for name, dtype in zip(METRICS_OUTPUTS, (mc.TYPE_INT64, mc.TYPE_INT64, mc.TYPE_FP32, mc.TYPE_STRING)):
         config.output.add(name=name, data_type=dtype, dims=[1])
     config.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
-    return text_format.MessageToString(config)
+    return config
+
+
+def metrics_config_text() -> str:
+    """config.pbtxt of the metrics model, through Triton's protobuf schema (``packager.triton_config``)."""
+    from packager.triton_config import to_text
+
+    return to_text(metrics_config())
 
 
 def build_metrics_tarball(dest_dir: Path) -> Path:
     """``dest_dir/gpu-metrics.tar.gz``: gpu-metrics/config.pbtxt + gpu-metrics/1/model.py, byte-identical each time."""
+    from packager.triton_config import write_config
+
     dest_dir = Path(dest_dir)
     dest_dir.mkdir(parents=True, exist_ok=True)
     model_py = resources.files("serving").joinpath("metrics_model/model.py").read_text()
     with tempfile.TemporaryDirectory(prefix="mme-gpu-metrics-") as tmp:
         root = Path(tmp) / METRICS_MODEL
         (root / "1").mkdir(parents=True)
-        (root / "config.pbtxt").write_text(metrics_config_text())
+        write_config(metrics_config(), root / "config.pbtxt")
         (root / "1" / "model.py").write_text(model_py)
         dest = dest_dir / METRICS_TARBALL
         deterministic_tar_gz(root, METRICS_MODEL, dest)
@@ -216,28 +225,24 @@ def measure_remote_capacity(s3: Any, invoker: EndpointInvoker, request: RemoteCa
     invoker.memory()  # the first request loads the metrics model; its own footprint belongs to the baseline
     time.sleep(request.settle_seconds)
     first = invoker.memory()
-    baseline, limit, source = first.used_bytes, first.total_bytes, first.source
-    budget = request.threshold * limit
+    source = first.source
+    readings = Readings(artifact.model, artifact.format, GPU_KIND if source.startswith("nvml") else HOST_KIND,
+                        first.total_bytes, request.threshold, first.used_bytes)
     reporter.info(f"==> capacity of {artifact.model} ({artifact.format}) on endpoint {invoker.endpoint}: baseline "
-                  f"{baseline / MIB:.0f} MiB of {limit / MIB:.0f} MiB ({first.utilization:.1%}, {source}), "
+                  f"{first.used_bytes / MIB:.0f} MiB of {first.total_bytes / MIB:.0f} MiB ({first.utilization:.1%}, {source}), "
                   f"threshold {request.threshold:.0%}")
-    steps: list[CapacityStep] = []
     copied: list[str] = []
     reused: list[str] = []
-    memory = baseline
     stopped = "max-copies"
     for index in range(1, request.max_copies + 1):
         key, made = _ensure_copy(s3, artifact, dest, plan.base_key, base_etag, index, settings)
         (copied if made else reused).append(key)
-        target = key.rsplit("/", 1)[-1]
         started = time.perf_counter()
-        invoker.invoke(target, body, "application/json")
+        invoker.invoke(key.rsplit("/", 1)[-1], body, "application/json")
         seconds = time.perf_counter() - started
         time.sleep(request.settle_seconds)
         reading = invoker.memory()
-        step = CapacityStep(index, reading.used_bytes, reading.used_bytes - memory, round(seconds, 3))
-        memory = reading.used_bytes
-        steps.append(step)
+        step = readings.record(reading.used_bytes, seconds)
         reporter.info(f"  copy {index:>3}: {reading.used_bytes / MIB:8.0f} MiB (+{step.delta_bytes / MIB:.0f} MiB, "
                       f"{'copied' if made else 'in S3'}, first request {seconds:.2f} s, {reading.utilization:.1%} used)")
         if step.delta_bytes < 0:
@@ -245,25 +250,12 @@ def measure_remote_capacity(s3: Any, invoker: EndpointInvoker, request: RemoteCa
         elif step.delta_bytes < PRELOADED_BYTES:
             reporter.warn(f"copy {index} added almost nothing: it was probably loaded already (an earlier run); "
                           "its footprint is left out; a fresh endpoint or an unused --s3 prefix gives clean figures")
-        if reading.used_bytes >= budget:
+        if reading.used_bytes >= readings.budget_bytes:
             stopped = "threshold"
             break
-    grown = [s.delta_bytes for s in steps if s.delta_bytes >= PRELOADED_BYTES]
-    deltas = grown or [s.delta_bytes for s in steps]  # copies already loaded tell nothing about a copy's size
-    mean = statistics.fmean(deltas)
-    predicted = predict(baseline, mean, limit, request.threshold)
-    actual = len([s for s in steps if s.memory_bytes <= budget])
-    reporter.info(f"  per copy {mean / MIB:.0f} MiB (min {min(deltas) / MIB:.0f}, max {max(deltas) / MIB:.0f}): "
-                  f"{actual} copies fit under {request.threshold:.0%} (stopped at {stopped}), predicted {predicted}")
-    projections = tuple(
-        Projection(name, row.get("gpu", ""), int(row["gpu_memory_gib"] * 2**30),
-                   predict(baseline, mean, int(row["gpu_memory_gib"] * 2**30), request.threshold))
-        for name, row in (instances or load_instances()).items()
-    )
-    report = CapacityReport(
-        model=artifact.model, format=artifact.format, memory_kind=GPU_KIND if source.startswith("nvml") else HOST_KIND,
-        limit_bytes=limit, threshold=request.threshold, baseline_bytes=baseline, steps=tuple(steps),
-        footprint_mean_bytes=int(mean), footprint_min_bytes=min(deltas), footprint_max_bytes=max(deltas),
-        predicted_copies=predicted, actual_copies=actual, projections=projections, leak_check=None,
-    )
+    # copies that were already loaded tell nothing about a copy's size
+    sized = [s for s in readings.steps if s.delta_bytes >= PRELOADED_BYTES] or readings.steps
+    report = build_report(readings, sized, instances=instances)
+    reporter.info(f"  {Footprint.of(sized).line()}: {report.actual_copies} copies fit under {request.threshold:.0%} "
+                  f"(stopped at {stopped}), predicted {report.predicted_copies}")
     return RemoteCapacityResult(report, source, tuple(copied), tuple(reused), stopped)

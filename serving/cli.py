@@ -211,19 +211,14 @@ def _run_remote_capacity(args: argparse.Namespace, reporter: Reporter, instances
 
     from mme.fsutil import ensure_writable_dir
     from serving.capacity_remote import EndpointInvoker, RemoteCapacityRequest, measure_remote_capacity, runtime_client
-    from mme.aws.session import S3Uri, boto3_session, client, require_credentials, require_region
+    from mme.aws.session import S3Uri, connect
     from serving.capacity import format_table, write_report
 
     destination = S3Uri.parse(args.s3)
     out = ensure_writable_dir(Path(args.out))
-    session = boto3_session(args.region)
-    if session.region_name is None and args.endpoint_url:
-        session = boto3_session("us-east-1")  # a local endpoint: any region signs
-    elif args.endpoint_url is None:
-        require_region(session)
-    require_credentials(session)
-    s3 = client(session, "s3", endpoint_url=args.s3_endpoint_url)
-    invoker = EndpointInvoker(runtime_client(session, args.endpoint_url), args.endpoint)
+    aws = connect(args.region, local_endpoint_url=args.endpoint_url)  # a local endpoint needs no real region
+    s3 = aws.client("s3", endpoint_url=args.s3_endpoint_url)
+    invoker = EndpointInvoker(runtime_client(aws.session, args.endpoint_url), args.endpoint)
     request = RemoteCapacityRequest(args.endpoint, destination, Path(args.remote_artifact), args.threshold,
                                     args.max_copies)
     result = measure_remote_capacity(s3, invoker, request, instances=instances, reporter=reporter)

@@ -18,7 +18,15 @@ Every call here takes ``target=`` for that header.
 
 Non-2xx answers of the model-management calls become the exceptions below: they are
 outcomes of the protocol that callers act on (SageMaker unloads a model and retries on
-507), not user errors. ``invoke`` returns every answer as an :class:`InvokeResult`.
+507), not user errors. ``invoke`` returns every answer as an :class:`InvokeResult`. No
+answer at all (connection refused or dropped, a timeout) is :class:`ContainerUnreachable`
+(:class:`ContainerTimedOut`), whichever HTTP library asked.
+
+This module is the one place that knows the wire protocol: the paths, the target header,
+Triton's error bodies. :class:`ContainerClient` makes the management calls (blocking, on
+``requests``; :class:`ContainerControl` runs them off an event loop, each on its own
+connection); serving/forward.py sends the invocations on aiohttp through :func:`invoke_path`,
+:func:`invoke_headers` and :func:`unreachable`.
 
 Triton resolves a load's ``url`` as a directory holding one model directory (the tarball
 extracted, as SageMaker does under ``/opt/ml/models/<hash>/model``); a ``config.pbtxt`` at
@@ -28,9 +36,11 @@ copy needs its own directory: a directory already registered answers 409.
 
 from __future__ import annotations
 
+import asyncio
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Iterator, Mapping, TypeVar
 from urllib.parse import quote
 
 import requests
@@ -39,6 +49,55 @@ from requests.structures import CaseInsensitiveDict
 DEFAULT_TIMEOUT_S = 60.0
 TARGET_HEADER = "X-Amzn-SageMaker-Target-Model"
 LOAD_TIMEOUT_S = 600.0  # SageMaker allows a model load several minutes
+
+
+T = TypeVar("T")
+
+
+class ContainerUnreachable(Exception):
+    """The container gave no answer: the connection was refused or dropped."""
+
+    retryable = True
+
+
+class ContainerTimedOut(ContainerUnreachable):
+    """The container did not answer within the call's timeout."""
+
+
+def unreachable(exc: BaseException) -> ContainerUnreachable:
+    """``exc``, an HTTP library's failure to get an answer, as this module's exception (same message)."""
+    timed_out = isinstance(exc, (TimeoutError, requests.Timeout))
+    return (ContainerTimedOut if timed_out else ContainerUnreachable)(str(exc))
+
+
+def model_path(name: str) -> str:
+    """``/models/NAME``, the name quoted whole (hashes need no quoting; other names hold ``/``)."""
+    return f"/models/{quote(name, safe='')}"
+
+
+def invoke_path(name: str) -> str:
+    return model_path(name) + "/invoke"
+
+
+def target_headers(target: str | None) -> dict[str, str]:
+    return {TARGET_HEADER: target} if target else {}
+
+
+def invoke_headers(content_type: str, accept: str | None, target: str | None) -> dict[str, str]:
+    """The headers of ``POST /models/NAME/invoke``, as SageMaker's front end sends them."""
+    headers = {"Content-Type": content_type, **target_headers(target)}
+    if accept:
+        headers["Accept"] = accept
+    return headers
+
+
+@contextmanager
+def _answers() -> Iterator[None]:
+    """``requests``' failures to get an answer, as :class:`ContainerUnreachable`."""
+    try:
+        yield
+    except requests.RequestException as exc:
+        raise unreachable(exc) from exc
 
 
 class ContainerError(Exception):
@@ -110,6 +169,14 @@ def error_message(response: requests.Response) -> str:
     return text
 
 
+def ping_status(url: str, timeout_s: float = 2.0) -> int | None:
+    """HTTP status of ``GET url/ping``, or None when nothing answers (Triton starting, or gone)."""
+    try:
+        return requests.get(f"{url.rstrip('/')}/ping", timeout=timeout_s).status_code
+    except requests.RequestException:
+        return None
+
+
 class ContainerClient:
     """Calls one container's MME contract over a keep-alive HTTP session."""
 
@@ -124,28 +191,22 @@ class ContainerClient:
     def _url(self, path: str) -> str:
         return f"{self.base_url}{path}"
 
-    @staticmethod
-    def _model_path(name: str) -> str:
-        return f"/models/{quote(name, safe='')}"
-
-    @staticmethod
-    def _target_headers(target: str | None) -> dict[str, str]:
-        return {TARGET_HEADER: target} if target else {}
+    def _send(self, method: str, path: str, timeout_s: float, **kwargs) -> requests.Response:
+        with _answers():
+            return self.session.request(method, self._url(path), timeout=timeout_s, **kwargs)
 
     def ping(self) -> bool:
         """True when ``GET /ping`` answers 200; False on any other answer or no answer."""
         try:
-            return self.session.get(self._url("/ping"), timeout=self.timeout_s).status_code == 200
-        except requests.RequestException:
+            return self._send("GET", "/ping", self.timeout_s).status_code == 200
+        except ContainerUnreachable:
             return False
 
     def load(self, model_name: str, url: str, *, target: str | None = None) -> None:
         """``POST /models``: load the model directory ``url`` under ``model_name`` (the hash),
         for the object ``target`` (sent as SageMaker sends it, in the target header)."""
-        response = self.session.post(
-            self._url("/models"), json={"model_name": model_name, "url": str(url)},
-            headers=self._target_headers(target), timeout=self.load_timeout_s,
-        )
+        response = self._send("POST", "/models", self.load_timeout_s, json={"model_name": model_name, "url": str(url)},
+                              headers=target_headers(target))
         if response.status_code == 200:
             return
         message = error_message(response)
@@ -156,7 +217,7 @@ class ContainerClient:
         raise ModelLoadFailed(response.status_code, message, model_name, body=response.text)
 
     def list_models(self) -> list[LoadedModelInfo]:
-        response = self.session.get(self._url("/models"), timeout=self.timeout_s)
+        response = self._send("GET", "/models", self.timeout_s)
         if response.status_code != 200:
             raise ContainerError(response.status_code, error_message(response))
         # Triton lists a model that is not ready yet as an empty object.
@@ -167,8 +228,7 @@ class ContainerClient:
         ]
 
     def get_model(self, name: str, *, target: str | None = None) -> LoadedModelInfo:
-        response = self.session.get(self._url(self._model_path(name)), headers=self._target_headers(target),
-                                    timeout=self.timeout_s)
+        response = self._send("GET", model_path(name), self.timeout_s, headers=target_headers(target))
         if response.status_code == 404:
             raise ModelNotLoaded(404, "model is not loaded", name)
         if response.status_code != 200:
@@ -179,8 +239,7 @@ class ContainerClient:
     def unload(self, name: str, *, target: str | None = None) -> None:
         """``DELETE /models/NAME``. Triton unloads the model registered under the target
         header's value (the hash when absent), so pass the ``target`` it was loaded with."""
-        response = self.session.delete(self._url(self._model_path(name)), headers=self._target_headers(target),
-                                       timeout=self.load_timeout_s)
+        response = self._send("DELETE", model_path(name), self.load_timeout_s, headers=target_headers(target))
         if response.status_code == 200:
             return
         if response.status_code == 404:
@@ -190,12 +249,8 @@ class ContainerClient:
     def invoke(self, name: str, body: bytes, content_type: str, accept: str | None = None, *,
                target: str | None = None) -> InvokeResult:
         """``POST /models/NAME/invoke``; every HTTP answer comes back, errors included."""
-        headers = {"Content-Type": content_type, **self._target_headers(target)}
-        if accept:
-            headers["Accept"] = accept
-        response = self.session.post(
-            self._url(self._model_path(name) + "/invoke"), data=body, headers=headers, timeout=self.timeout_s
-        )
+        response = self._send("POST", invoke_path(name), self.timeout_s, data=body,
+                              headers=invoke_headers(content_type, accept, target))
         return InvokeResult(
             status=response.status_code, headers=CaseInsensitiveDict(response.headers), body=response.content
         )
@@ -208,3 +263,36 @@ class ContainerClient:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+class ContainerControl:
+    """The management calls an event loop makes: each in a thread, on its own connection
+    (Triton runs a load on the HTTP thread of the connection that asked, holding every other
+    request on that thread), against ``base_url()`` as it is at the call (a restarted server)."""
+
+    def __init__(self, base_url: Callable[[], str], load_timeout_s: float = LOAD_TIMEOUT_S) -> None:
+        self._base_url = base_url
+        self.load_timeout_s = load_timeout_s
+
+    async def _call(self, timeout_s: float, call: Callable[[ContainerClient], T]) -> T:
+        def run() -> T:
+            with ContainerClient(self._base_url(), load_timeout_s=timeout_s) as client:
+                return call(client)
+
+        return await asyncio.to_thread(run)
+
+    async def load(self, name: str, url: str, *, target: str) -> None:
+        """``POST /models``; raises as :meth:`ContainerClient.load` does."""
+        await self._call(self.load_timeout_s, lambda client: client.load(name, url, target=target))
+
+    async def unload(self, name: str, *, target: str, timeout_s: float | None = None) -> None:
+        """``DELETE /models/NAME`` (within ``timeout_s``, else the client's default); a model
+        already gone counts as unloaded."""
+
+        def unload(client: ContainerClient) -> None:
+            try:
+                client.unload(name, target=target)
+            except ModelNotLoaded:
+                return
+
+        await self._call(LOAD_TIMEOUT_S if timeout_s is None else timeout_s, unload)

@@ -9,7 +9,7 @@ its own load in the container, as on SageMaker.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from serving.store import ModelSource, ObjectInfo, TargetNotFound
@@ -17,9 +17,32 @@ from serving.store import ModelSource, ObjectInfo, TargetNotFound
 _COPY = re.compile(r"^(?P<stem>.+)-v(?P<index>\d+)\.tar\.gz$")
 
 
+@dataclass(frozen=True)
+class CopyName:
+    """``resnet50-v3.tar.gz`` -> stem ``resnet50``, index 3 (the copy of ``resnet50.tar.gz``)."""
+
+    stem: str
+    index: int
+
+    @property
+    def base(self) -> str:
+        return f"{self.stem}.tar.gz"
+
+
 def copy_name(base_target: str, index: int) -> str:
+    """The name of copy ``index`` of ``base_target``: ``resnet50.tar.gz``, 3 -> ``resnet50-v3.tar.gz``."""
     stem = base_target[: -len(".tar.gz")] if base_target.endswith(".tar.gz") else base_target
     return f"{stem}-v{index}.tar.gz"
+
+
+def parse_copy_name(name: str) -> CopyName | None:
+    """The stem and index of a copy's name, or None when ``name`` is not named like a copy."""
+    match = _COPY.match(name)
+    return CopyName(match["stem"], int(match["index"])) if match else None
+
+
+def is_copy(name: str) -> bool:
+    return _COPY.match(name) is not None
 
 
 class CopiesSource(ModelSource):
@@ -29,9 +52,9 @@ class CopiesSource(ModelSource):
         self.uri = getattr(inner, "uri", "")
 
     def _base(self, target: str) -> str | None:
-        match = _COPY.match(target)
-        if match and 1 <= int(match["index"]) <= self.copies:
-            return f"{match['stem']}.tar.gz"
+        parsed = parse_copy_name(target)
+        if parsed is not None and 1 <= parsed.index <= self.copies:
+            return parsed.base
         return None
 
     def _resolve(self, target: str) -> tuple[str, bool]:
@@ -47,7 +70,7 @@ class CopiesSource(ModelSource):
     def list_targets(self) -> tuple[ObjectInfo, ...]:
         listed = list(self.inner.list_targets())
         for info in tuple(listed):
-            if info.target.endswith(".tar.gz") and not _COPY.match(info.target):
+            if info.target.endswith(".tar.gz") and not is_copy(info.target):
                 listed.extend(replace(info, target=copy_name(info.target, i)) for i in range(1, self.copies + 1))
         return tuple(listed)
 

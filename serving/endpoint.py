@@ -18,12 +18,15 @@ end and Triton's SageMaker mode actually do"):
 - a model that fails to load fails its own requests only; a container that dies is restarted
   and its models reload on demand.
 
-The work is split in three modules:
+The work is split in these modules:
 - this one, :class:`MultiModelEndpoint`: the endpoint's public face and lifecycle, request
-  handling (validation, the load-then-invoke loop, SageMaker's replies) and loading (one load
-  task per target, the container's ``POST /models``, measuring each model's footprint); it
-  owns the table of loaded models (``_loaded``, least recently used first) and of loads under
-  way (``_loading``), and never holds a lock across the container's load;
+  handling (validation, the load-then-invoke loop) and loading (one load task per target, the
+  container's load, measuring each model's footprint); it answers each request with a typed
+  outcome (serving/outcomes.py) that serving/front.py turns into SageMaker's reply; it owns
+  the table of loaded models (``_loaded``, least recently used first) and of loads under way
+  (``_loading``), and never holds a lock across the container's load;
+- serving/container_port.py, :class:`~serving.container_port.Container`: the container's
+  loads, unloads and invocations (Triton's, or a test's fake);
 - serving/admission.py, :class:`~serving.admission.Admission`: memory admission and eviction
   (the room condition, reservations, footprints, evictions, targets still unloading);
 - serving/recovery.py, :class:`~serving.recovery.Recovery`: restarts of a dead or broken
@@ -33,30 +36,27 @@ The work is split in three modules:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
-import aiohttp
-import requests
-
-from mme.errors import with_retry_advice
 from mme.progress import Reporter
 from serving import errors_sagemaker as sm
+from serving import outcomes as out
 from serving.admission import EVICT_UNLOAD_TIMEOUT_S, Admission, LoadedEntry  # noqa: F401 (re-exported)
 from serving.cache import CachedModel, ModelCache, cache_key
 from serving.container import (
     LOAD_TIMEOUT_S,
-    ContainerClient,
     ContainerOutOfMemory,
+    ContainerTimedOut,
+    ContainerUnreachable,
     ModelAlreadyLoaded,
     ModelLoadFailed,
-    ModelNotLoaded,
 )
-from serving.forward import Forwarder, InvocationTimedOut
+from serving.container_port import Container, TritonContainer
+from serving.forward import InvocationTimedOut
 from serving.instance_metrics import InstanceSampler
 from serving.metrics import EndpointMetrics
 from serving.recovery import DEAD_UNLOAD_TIMEOUT_S, DEAD_WORKER_MARKERS, Recovery, dead_worker_reply  # noqa: F401
@@ -99,18 +99,23 @@ class LoadTimedOut(Exception):
     retryable = True  # the container's load goes on; a later request finds it loaded
 
 
+class NoRoom(LoadFailed):
+    """The container answered 507 and every loaded model was serving: nothing to evict."""
+
+
 class EndpointClosing(Exception):
     """The endpoint is shutting down: loads in progress were abandoned."""
 
 
-class ModelStillLoading(Exception):
+class StillLoading(Exception):
     """The target was not loaded within the model wait timeout (its load goes on)."""
 
 
 class MultiModelEndpoint:
     def __init__(self, cache: ModelCache, server: TritonServer, config: EndpointConfig,
                  memory_probe: Callable[[], int], reporter: Reporter | None = None,
-                 metrics: EndpointMetrics | None = None, instance_sampler: InstanceSampler | None = None) -> None:
+                 metrics: EndpointMetrics | None = None, instance_sampler: InstanceSampler | None = None,
+                 container: Container | None = None) -> None:
         self.cache = cache
         self.server = server
         self.config = config
@@ -120,12 +125,12 @@ class MultiModelEndpoint:
         self.instance_sampler = instance_sampler  # CPU, memory, disk and GPU utilisation of the instance
         self._loaded: OrderedDict[str, LoadedEntry] = OrderedDict()
         self._loading: dict[str, asyncio.Task] = {}
-        self._forwarder: Forwarder | None = None
+        self._container = container  # None: Triton's, made by start()
         self._closing = False
         # Memory admission and eviction; the table is shared, by reference, with both helpers.
         self._admission = Admission(
             self._loaded, memory_probe=memory_probe, limit_bytes=config.memory_limit_bytes,
-            threshold=config.memory_threshold, unload=self._container_unload, outstanding=self._outstanding,
+            threshold=config.memory_threshold, unload=self._unload_from_container, outstanding=self._outstanding,
             restart=lambda: self._recovery.recover(force=True), on_unloaded=cache.touch,
             metrics=self.metrics, reporter=self.reporter)
         self._recovery = Recovery(server, self._loaded, self._admission, self.metrics, self.reporter)
@@ -133,8 +138,11 @@ class MultiModelEndpoint:
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
-        self._forwarder = Forwarder(self.server.sagemaker_url, self.config.invocation_timeout_s,
-                                    loads_in_flight=lambda: len(self._loading), on_idle=self._admission.model_idle)
+        if self._container is None:
+            self._container = TritonContainer(
+                self.server, load_timeout_s=self.config.load_timeout_s,
+                invocation_timeout_s=self.config.invocation_timeout_s,
+                loads_in_flight=lambda: len(self._loading), on_idle=self._admission.model_idle)
         self._record_memory()
 
     def begin_shutdown(self) -> None:
@@ -147,8 +155,8 @@ class MultiModelEndpoint:
 
     async def close(self) -> None:
         self.begin_shutdown()
-        if self._forwarder is not None:
-            await self._forwarder.close()
+        if self._container is not None:
+            await self._container.close()
 
     # -- state -----------------------------------------------------------------------------
     @property
@@ -173,7 +181,7 @@ class MultiModelEndpoint:
 
     def _outstanding(self, target: str) -> int:
         """Requests of ``target`` the container may still be running (slower hedged copies too)."""
-        return self._forwarder.outstanding(target) if self._forwarder is not None else 0
+        return self._container.outstanding(target) if self._container is not None else 0
 
     def snapshot(self) -> dict:
         self._record_memory()
@@ -186,24 +194,17 @@ class MultiModelEndpoint:
                               "url": self.server.sagemaker_url}}
 
     # -- invocations -----------------------------------------------------------------------
-    async def invoke(self, target: str | None, body: bytes, content_type: str, accept: str | None) -> sm.HttpReply:
-        start = time.perf_counter()
-        reply, model_s, wait_s, hit = await self._invoke(target, body, content_type, accept, start)
-        total_us = (time.perf_counter() - start) * 1e6
-        self.metrics.request(target or "", reply.status, model_us=model_s * 1e6, total_us=total_us,
-                             wait_us=wait_s * 1e6, hit=hit)
-        return reply
-
-    async def _invoke(self, target, body, content_type, accept, start) -> tuple[sm.HttpReply, float, float, bool | None]:
-        """The reply, the container's time, the load wait and whether the model was loaded (None: not asked)."""
+    async def invoke(self, target: str | None, body: bytes, content_type: str, accept: str | None) -> out.Outcome:
+        """What the request came to (serving/front.py answers it as SageMaker does)."""
         if not target:
-            return sm.validation_error("This is a multi-model endpoint: set TargetModel (X-Amzn-SageMaker-Target-Model)."), 0.0, 0.0, None
+            return out.MissingTarget()
         try:
             target = validate_target_name(target)
         except InvalidTargetName as exc:
-            return sm.validation_error(with_retry_advice(exc)), 0.0, 0.0, None
+            return out.InvalidTarget(exc)
         if len(body) > self.config.max_payload_bytes:
-            return sm.payload_too_large(self.config.max_payload_bytes), 0.0, 0.0, None
+            return out.PayloadTooLarge(self.config.max_payload_bytes)
+        start = time.perf_counter()
         deadline = start + self.config.model_wait_timeout_s
         restarted = worker_recovered = False
         wait_s = 0.0
@@ -211,15 +212,17 @@ class MultiModelEndpoint:
         for _ in range(MAX_ATTEMPTS):
             try:
                 attempt_hit, attempt_wait = await self._ensure_loaded(target, deadline)
-            except ModelStillLoading:
-                return self._not_ready(target), 0.0, time.perf_counter() - start, False
+            except StillLoading:
+                return out.ModelStillLoading(target, self.config.model_wait_timeout_s,
+                                             wait_s=time.perf_counter() - start, hit=False)
             except EndpointClosing:
-                return (sm.service_unavailable(f"The endpoint is shutting down; {target} was still loading. Retry."),
-                        0.0, time.perf_counter() - start, False)
+                return out.ShuttingDown(target, wait_s=time.perf_counter() - start, hit=False)
+            except NoRoom as exc:
+                return out.InsufficientMemory(exc.body, wait_s=time.perf_counter() - start, hit=False)
             except LoadFailed as exc:
-                return self._model_error(exc.status, exc.body), 0.0, time.perf_counter() - start, False
+                return out.LoadRefused(exc.status, exc.body, wait_s=time.perf_counter() - start, hit=False)
             except Exception as exc:  # store and extraction errors carry their SageMaker code
-                return sm.reply_for_exception(exc), 0.0, time.perf_counter() - start, False
+                return out.LoadError(exc, wait_s=time.perf_counter() - start, hit=False)
             hit = hit and attempt_hit
             wait_s += attempt_wait
             entry = self._loaded.get(target)
@@ -229,16 +232,16 @@ class MultiModelEndpoint:
             entry.invocations += 1
             model_start = time.perf_counter()
             try:
-                assert self._forwarder is not None  # start() created it before any request
-                status, headers, data = await self._forwarder.invoke(target, body, content_type, accept)
+                assert self._container is not None  # start() made it before any request
+                status, headers, data = await self._container.invoke(target, body, content_type, accept)
             except InvocationTimedOut:
-                return self._timed_out(), time.perf_counter() - model_start, wait_s, hit
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                return out.ModelTimedOut(model_s=time.perf_counter() - model_start, wait_s=wait_s, hit=hit)
+            except ContainerUnreachable as exc:
                 if not restarted and await self._recovery.server_died():
                     restarted = True  # retried once on the restarted server
                     await self._recovery.recover()
                     continue
-                return sm.service_unavailable(f"The serving container did not answer: {exc}. Retrying can help."), 0.0, wait_s, hit
+                return out.ContainerUnavailable(str(exc), wait_s=wait_s, hit=hit)
             finally:
                 entry.inflight -= 1
                 if not entry.inflight:
@@ -249,24 +252,10 @@ class MultiModelEndpoint:
                 await self._recovery.drop_dead_model(target, entry)
                 continue
             if status == 200:
-                return (sm.invocation_reply(data, headers.get("Content-Type", "application/json"),
-                                            variant=self.config.variant_name), model_s, wait_s, hit)
-            return self._model_error(status, data.decode("utf-8", "replace")), model_s, wait_s, hit
-        return sm.model_not_ready(f"Model {target} was unloaded to make room before it could serve; retry the request."), 0.0, wait_s, False
-
-    def _model_error(self, status: int, raw_body: str) -> sm.HttpReply:
-        return sm.model_error(status, raw_body, endpoint_name=self.config.endpoint_name, region=self.config.region,
-                              account=self.config.account)
-
-    def _timed_out(self) -> sm.HttpReply:
-        return sm.invocation_timed_out(endpoint_name=self.config.endpoint_name, region=self.config.region,
-                                       account=self.config.account)
-
-    def _not_ready(self, target: str) -> sm.HttpReply:
-        return sm.model_not_ready(
-            f"Model {target} is not ready: it has been downloading or loading for more than "
-            f"{self.config.model_wait_timeout_s:g} s and is still loading. Retry the request."
-        )
+                return out.Invoked(data, headers.get("Content-Type", "application/json"),
+                                   model_s=model_s, wait_s=wait_s, hit=hit)
+            return out.ContainerError(status, data.decode("utf-8", "replace"), model_s=model_s, wait_s=wait_s, hit=hit)
+        return out.ModelEvicted(target, wait_s=wait_s, hit=False)
 
     # -- loading (admission and eviction: serving/admission.py) ------------------------------
     async def _ensure_loaded(self, target: str, deadline: float) -> tuple[bool, float]:
@@ -284,7 +273,7 @@ class MultiModelEndpoint:
         try:
             await asyncio.wait_for(asyncio.shield(task), timeout=max(0.0, deadline - time.perf_counter()))
         except TimeoutError:
-            raise ModelStillLoading(target) from None
+            raise StillLoading(target) from None
         except asyncio.CancelledError:
             if self._closing and task.cancelled():
                 raise EndpointClosing(target) from None
@@ -308,19 +297,19 @@ class MultiModelEndpoint:
             before = self.memory_probe()
             started = time.perf_counter()
             try:
-                await asyncio.to_thread(self._container_load, cached, target)
+                await self._container_load(cached, target)
             except ModelAlreadyLoaded:
                 pass  # the container kept it (e.g. across a front restart): serve it as loaded
             except ContainerOutOfMemory as exc:
                 eviction = await self._admission.evict_one()
                 if eviction is None:
-                    raise LoadFailed(507, exc.body) from None
+                    raise NoRoom(507, exc.body) from None
                 await eviction
                 continue
             except ModelLoadFailed as exc:
                 self._report_load_failure(target, exc)
                 raise LoadFailed(exc.status, exc.body) from None
-            except requests.ConnectionError:
+            except ContainerUnreachable:
                 if restarts or not await self._recovery.server_died():
                     raise
                 restarts += 1  # the server crashed under this load: load again on the restarted one
@@ -357,16 +346,15 @@ class MultiModelEndpoint:
             )
             return
 
-    def _container_load(self, cached: CachedModel, target: str) -> None:
-        # Its own connection: Triton runs a load on the HTTP thread of the connection that asked.
-        with ContainerClient(self.server.sagemaker_url, load_timeout_s=self.config.load_timeout_s) as control:
-            try:
-                control.load(cached.container_name, self.server.model_url(cached.model_dir), target=target)
-            except requests.Timeout:
-                raise LoadTimedOut(
-                    f"loading {target} did not finish within {self.config.load_timeout_s:g} s (--load-timeout); "
-                    "retrying may help if the host was busy, else check the model's initialize() in the Triton log"
-                ) from None
+    async def _container_load(self, cached: CachedModel, target: str) -> None:
+        assert self._container is not None  # start() made it before any request
+        try:
+            await self._container.load(cached.container_name, self.server.model_url(cached.model_dir), target=target)
+        except ContainerTimedOut:
+            raise LoadTimedOut(
+                f"loading {target} did not finish within {self.config.load_timeout_s:g} s (--load-timeout); "
+                "retrying may help if the host was busy, else check the model's initialize() in the Triton log"
+            ) from None
 
     def _report_load_failure(self, target: str, exc: ModelLoadFailed) -> None:
         self.reporter.info(f"  load {target} failed: {exc}")
@@ -377,15 +365,10 @@ class MultiModelEndpoint:
                 "python-backend models cannot load under such a name there, on SageMaker too; rename the object"
             )
 
-    async def _container_unload(self, target: str, timeout_s: float | None = None) -> None:
+    async def _unload_from_container(self, target: str, timeout_s: float | None = None) -> None:
         """The container's unload (Admission.unload_model keeps the book; it calls this)."""
-
-        def unload() -> None:
-            options = {} if timeout_s is None else {"load_timeout_s": timeout_s}
-            with ContainerClient(self.server.sagemaker_url, **options) as control, contextlib.suppress(ModelNotLoaded):
-                control.unload(cache_key(target), target=target)  # already gone is as good as unloaded
-
-        await asyncio.to_thread(unload)
+        assert self._container is not None  # start() made it before any request
+        await self._container.unload(cache_key(target), target=target, timeout_s=timeout_s)
 
     async def unload(self, target: str) -> bool:
         return await self._admission.unload(target)

@@ -30,14 +30,14 @@ import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
-
-from google.protobuf import text_format
-from google.protobuf.message import DecodeError
-from tritonclient.grpc import model_config_pb2
+from typing import TYPE_CHECKING, BinaryIO
 
 from mme.errors import MmeError
 from mme.fsutil import replace_directory
+from packager.triton_config import ModelConfigError, read_config
+
+if TYPE_CHECKING:
+    from tritonclient.grpc import model_config_pb2
 
 GIB = 1024**3
 CONFIG_NAME = "config.pbtxt"
@@ -222,13 +222,13 @@ def _unpack(tarball: Path, into: Path, limits: ExtractLimits, name: str,
     return members, total, hashing.count, hashing.digest.hexdigest()
 
 
-def read_model_config(path: Path, label: str = "") -> model_config_pb2.ModelConfig:
-    """Parse a config.pbtxt with Triton's own schema; ``label`` names it in errors."""
+def read_model_config(path: Path, label: str = "") -> "model_config_pb2.ModelConfig":
+    """Parse a config.pbtxt through packager.triton_config (Triton's own schema); ``label``
+    names it in errors."""
     try:
-        return text_format.Parse(path.read_text(encoding="utf-8"), model_config_pb2.ModelConfig())
-    except (text_format.ParseError, DecodeError, UnicodeDecodeError) as exc:
-        where = label or str(path)
-        raise InvalidModelLayout(f"{where} is not a valid Triton model config ({exc}); fix it and re-package") from None
+        return read_config(path, label)
+    except ModelConfigError as exc:
+        raise InvalidModelLayout(f"{exc.where} is not a valid Triton model config ({exc.reason}); fix it and re-package") from None
 
 
 def check_layout(root: Path, tarball_name: str = "tarball") -> tuple[str, tuple[str, ...]]:

@@ -20,6 +20,10 @@ wheel's 2.51: an UNLOAD sent while a python-backend model executes a request nev
 So the copy runs to its answer in the background, and :meth:`Forwarder.outstanding` counts every
 request of a target that the container may still be running; ``on_idle(target)`` is called when
 that count drops to zero.
+
+The wire protocol (path, target header) comes from serving/container.py; a connection that
+gives no answer raises its :class:`~serving.container.ContainerUnreachable`, as the management
+calls do.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from typing import Callable, Mapping
 import aiohttp
 
 from serving.cache import cache_key
-from serving.container import TARGET_HEADER
+from serving.container import invoke_headers, invoke_path, unreachable
 
 MIN_HEDGE_S = 0.05  # never send a second copy sooner than this
 HEDGE_FACTOR = 4.0  # ... or sooner than this many times the target's usual latency
@@ -73,10 +77,8 @@ class Forwarder:
         await self._fresh.close()
 
     async def invoke(self, target: str, body: bytes, content_type: str, accept: str | None) -> Reply:
-        headers = {"Content-Type": content_type, TARGET_HEADER: target}
-        if accept:
-            headers["Accept"] = accept
-        url = f"{self.base_url}/models/{cache_key(target)}/invoke"
+        headers = invoke_headers(content_type, accept, target)
+        url = self.base_url + invoke_path(cache_key(target))
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
@@ -97,6 +99,8 @@ class Forwarder:
         try:
             async with session.post(url, data=body, headers=headers) as response:
                 return response.status, response.headers, await response.read()
+        except aiohttp.ClientError as exc:
+            raise unreachable(exc) from exc
         finally:
             self._outstanding[target] -= 1
             if self._outstanding[target] <= 0:

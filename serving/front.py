@@ -8,16 +8,23 @@ ValidationError, another ``X-Amzn-SageMaker-Target-Variant`` a ValidationError, 
 ``GET /metrics`` (Prometheus text), ``GET /metrics.json`` (the snapshot the bench reads)
 and ``GET /models`` (what is loaded). aiohttp keeps connections alive and sets
 TCP_NODELAY on its sockets, so no request waits on Nagle's algorithm.
+
+The endpoint answers each invocation with a typed outcome (serving/outcomes.py);
+:func:`sagemaker_reply` here is the one place that turns outcomes into SageMaker's replies,
+and the invocation metrics are counted here, by the status each client sees.
 """
 
 from __future__ import annotations
 
 import json
+import time
 
 from aiohttp import web
 
+from mme.errors import with_retry_advice
 from serving import errors_sagemaker as sm
-from serving.endpoint import MultiModelEndpoint
+from serving import outcomes as out
+from serving.endpoint import EndpointConfig, MultiModelEndpoint
 
 TARGET_HEADER = "X-Amzn-SageMaker-Target-Model"
 VARIANT_HEADER = "X-Amzn-SageMaker-Target-Variant"
@@ -26,6 +33,37 @@ ENDPOINT_KEY = web.AppKey("endpoint", MultiModelEndpoint)
 
 def _response(reply: sm.HttpReply) -> web.Response:
     return web.Response(status=reply.status, body=reply.body, headers=dict(reply.headers))
+
+
+def sagemaker_reply(outcome: out.Outcome, config: EndpointConfig) -> sm.HttpReply:
+    """SageMaker Runtime's reply for what an invocation came to."""
+    where = {"endpoint_name": config.endpoint_name, "region": config.region, "account": config.account}
+    match outcome:
+        case out.Invoked(body=body, content_type=content_type):
+            return sm.invocation_reply(body, content_type, variant=config.variant_name)
+        case out.MissingTarget():
+            return sm.validation_error("This is a multi-model endpoint: set TargetModel (X-Amzn-SageMaker-Target-Model).")
+        case out.InvalidTarget(error=error):
+            return sm.validation_error(with_retry_advice(error))
+        case out.PayloadTooLarge(limit=limit):
+            return sm.payload_too_large(limit)
+        case out.ModelStillLoading(target=target, wait_timeout_s=timeout_s):
+            return sm.model_not_ready(f"Model {target} is not ready: it has been downloading or loading for more than "
+                                      f"{timeout_s:g} s and is still loading. Retry the request.")
+        case out.ModelEvicted(target=target):
+            return sm.model_not_ready(f"Model {target} was unloaded to make room before it could serve; retry the request.")
+        case out.ShuttingDown(target=target):
+            return sm.service_unavailable(f"The endpoint is shutting down; {target} was still loading. Retry.")
+        case out.ContainerUnavailable(detail=detail):
+            return sm.service_unavailable(f"The serving container did not answer: {detail}. Retrying can help.")
+        case out.InsufficientMemory(status=status, body=body) | out.LoadRefused(status=status, body=body) \
+                | out.ContainerError(status=status, body=body):
+            return sm.model_error(status, body, **where)
+        case out.ModelTimedOut():
+            return sm.invocation_timed_out(**where)
+        case out.LoadError(error=error):
+            return sm.reply_for_exception(error)
+    raise TypeError(f"no SageMaker reply for {outcome!r}")
 
 
 def _signed(request: web.Request) -> bool:
@@ -63,10 +101,14 @@ async def invocations(request: web.Request) -> web.Response:
         body = await request.read()
     except web.HTTPRequestEntityTooLarge:  # chunked body past the limit
         return _response(sm.payload_too_large(endpoint.config.max_payload_bytes))
-    reply = await endpoint.invoke(
-        request.headers.get(TARGET_HEADER), body,
-        request.headers.get("Content-Type", "application/json"), request.headers.get("Accept"),
-    )
+    target = request.headers.get(TARGET_HEADER)
+    start = time.perf_counter()
+    outcome = await endpoint.invoke(target, body, request.headers.get("Content-Type", "application/json"),
+                                    request.headers.get("Accept"))
+    reply = sagemaker_reply(outcome, endpoint.config)
+    endpoint.metrics.request(target or "", reply.status, model_us=outcome.model_s * 1e6,
+                             total_us=(time.perf_counter() - start) * 1e6,
+                             wait_us=outcome.wait_s * 1e6, hit=outcome.hit)
     return _response(reply)
 
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, TypeVar
 
 import psutil
 
 from mme.errors import UsageError
 
+T = TypeVar("T")
 NVML_NOT_AVAILABLE = (1 << 64) - 1  # NVML's "value not available" for per-process memory
 
 
@@ -109,70 +110,65 @@ def _running_processes(nvml, handle, query: str) -> list:
         return list(older(handle))
 
 
-def gpu_device_count() -> int | None:
-    """GPUs NVML sees; None when NVML is unavailable (package or driver missing)."""
+def _nvml_query(query: Callable[[Any], T]) -> T | None:
+    """``query(pynvml)`` between nvmlInit and nvmlShutdown; None without NVML (package or
+    driver missing) or when NVML refuses the query."""
     nvml = _nvml()
     if nvml is None:
         return None
     try:
-        return nvml.nvmlDeviceGetCount()
+        return query(nvml)
     except _nvml_errors(nvml):
         return None
     finally:
         with contextlib.suppress(nvml.NVMLError):
             nvml.nvmlShutdown()
+
+
+def gpu_device_count() -> int | None:
+    """GPUs NVML sees; None when NVML is unavailable (package or driver missing)."""
+    return _nvml_query(lambda nvml: nvml.nvmlDeviceGetCount())
 
 
 def gpu_memory(index: int = 0) -> GpuMemoryReading | None:
     """Memory of GPU ``index`` and of the processes using it; None without NVML or GPU."""
-    nvml = _nvml()
-    if nvml is None:
+    return _nvml_query(lambda nvml: _read_gpu(nvml, index))
+
+
+def _read_gpu(nvml, index: int) -> GpuMemoryReading | None:
+    if index >= nvml.nvmlDeviceGetCount():
         return None
-    try:
-        if index >= nvml.nvmlDeviceGetCount():
-            return None
-        handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        info = nvml.nvmlDeviceGetMemoryInfo(handle)
-        name = nvml.nvmlDeviceGetName(handle)
-        if isinstance(name, bytes):
-            name = name.decode()
-        processes: dict[int, GpuProcessMemory] = {}
-        # Either list can be refused (e.g. inside some containers); a process can be in both.
-        for query in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
-            with contextlib.suppress(*_nvml_errors(nvml)):
-                for entry in _running_processes(nvml, handle, query):
-                    used = entry.usedGpuMemory
-                    used = int(used) if used is not None and int(used) < NVML_NOT_AVAILABLE else None
-                    if entry.pid not in processes or processes[entry.pid].used_bytes is None:
-                        processes[entry.pid] = GpuProcessMemory(pid=entry.pid, used_bytes=used)
-        return GpuMemoryReading(
-            index=index,
-            name=str(name),
-            used_bytes=int(info.used),
-            total_bytes=int(info.total),
-            processes=tuple(processes.values()),
-            timestamp=time.time(),
-        )
-    except _nvml_errors(nvml):
-        return None
-    finally:
-        with contextlib.suppress(nvml.NVMLError):
-            nvml.nvmlShutdown()
+    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    info = nvml.nvmlDeviceGetMemoryInfo(handle)
+    name = nvml.nvmlDeviceGetName(handle)
+    if isinstance(name, bytes):
+        name = name.decode()
+    processes: dict[int, GpuProcessMemory] = {}
+    # Either list can be refused (e.g. inside some containers); a process can be in both.
+    for query in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+        with contextlib.suppress(*_nvml_errors(nvml)):
+            for entry in _running_processes(nvml, handle, query):
+                used = entry.usedGpuMemory
+                used = int(used) if used is not None and int(used) < NVML_NOT_AVAILABLE else None
+                if entry.pid not in processes or processes[entry.pid].used_bytes is None:
+                    processes[entry.pid] = GpuProcessMemory(pid=entry.pid, used_bytes=used)
+    return GpuMemoryReading(
+        index=index,
+        name=str(name),
+        used_bytes=int(info.used),
+        total_bytes=int(info.total),
+        processes=tuple(processes.values()),
+        timestamp=time.time(),
+    )
 
 
 def gpu_compute_capability(index: int = 0) -> str | None:
     """``"9.0"`` for GPU ``index`` (what a TensorRT plan built here is tied to); None without NVML."""
-    nvml = _nvml()
-    if nvml is None:
-        return None
-    try:
+    def capability(nvml) -> str:
         major, minor = nvml.nvmlDeviceGetCudaComputeCapability(nvml.nvmlDeviceGetHandleByIndex(index))
         return f"{major}.{minor}"
-    except _nvml_errors(nvml):
-        return None
-    finally:
-        with contextlib.suppress(nvml.NVMLError):
-            nvml.nvmlShutdown()
+
+    return _nvml_query(capability)
 
 
 # -- meters: what a local endpoint and `mme capacity` count -------------------------------------

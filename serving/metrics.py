@@ -18,10 +18,12 @@ and Triton's SageMaker mode actually do".
 * Ours: MemoryLimitUtilization (what eviction counts: used / the endpoint's memory limit),
   MemoryUsedBytes, MemoryLimitBytes, ModelLoads, ModelEvictions, ModelCacheMiss, ContainerRestarts.
 
-Exposed as a JSON :meth:`~EndpointMetrics.snapshot` (CloudWatch statistics count/sum/min/max/avg)
-and as Prometheus text through a custom collector, so names are CloudWatch's exactly (no
+Exposed as Prometheus text through a custom collector, so names are CloudWatch's exactly (no
 ``_total`` suffix: counts are untyped families; latencies are histograms ``<name>_bucket``,
-``_sum``, ``_count``). State is plain numbers under one lock: :meth:`request` is on every
+``_sum``, ``_count``), and as a JSON :meth:`~EndpointMetrics.snapshot` (CloudWatch statistics
+count/sum/min/max/avg) read from those same families, so the two never disagree; only each
+latency's minimum and maximum, which Prometheus has no type for, come from beside them (read
+under the same lock). State is plain numbers under one lock: :meth:`request` is on every
 invocation's path and costs a few microseconds.
 """
 
@@ -93,16 +95,16 @@ OUTCOMES = ("ok", "model_error", "error")
 
 
 class _Stat:
-    """CloudWatch statistics of one metric (SampleCount, Sum, Minimum, Maximum) plus histogram buckets."""
+    """One latency: histogram buckets, count and sum (its Prometheus family), minimum and maximum."""
 
     __slots__ = ("count", "total", "minimum", "maximum", "buckets")
 
-    def __init__(self, buckets: bool = True) -> None:
+    def __init__(self) -> None:
         self.count = 0
         self.total = 0.0
         self.minimum = 0.0
         self.maximum = 0.0
-        self.buckets = [0] * (len(US_BUCKETS) + 1) if buckets else None
+        self.buckets = [0] * (len(US_BUCKETS) + 1)
 
     def observe(self, value: float) -> None:
         if self.count == 0 or value < self.minimum:
@@ -111,20 +113,20 @@ class _Stat:
             self.maximum = value
         self.count += 1
         self.total += value
-        if self.buckets is not None:
-            self.buckets[bisect_left(US_BUCKETS, value)] += 1  # first bound >= value: Prometheus's "le"
-
-    def to_dict(self) -> dict:
-        n = self.count
-        return {"count": n, "sum": round(self.total, 3),
-                "min": round(self.minimum, 3) if n else None, "max": round(self.maximum, 3) if n else None,
-                "avg": round(self.total / n, 6) if n else None}
+        self.buckets[bisect_left(US_BUCKETS, value)] += 1  # first bound >= value: Prometheus's "le"
 
     def copy(self) -> _Stat:
-        other = _Stat(self.buckets is not None)
+        other = _Stat()
         other.count, other.total, other.minimum, other.maximum = self.count, self.total, self.minimum, self.maximum
-        other.buckets = list(self.buckets) if self.buckets is not None else None
+        other.buckets = list(self.buckets)
         return other
+
+
+def _statistics(count: float, total: float, minimum: float, maximum: float) -> dict:
+    """CloudWatch's statistics of a metric: SampleCount, Sum, Minimum, Maximum, Average."""
+    n = int(count)
+    return {"count": n, "sum": round(total, 3), "min": round(minimum, 3) if n else None,
+            "max": round(maximum, 3) if n else None, "avg": round(total / n, 6) if n else None}
 
 
 class _Collector(Collector):
@@ -134,7 +136,7 @@ class _Collector(Collector):
         self._metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
-        return iter(self._metrics._families())
+        return iter(self._metrics._read()[0])
 
 
 class EndpointMetrics:
@@ -145,7 +147,6 @@ class EndpointMetrics:
         self.started = time.time()
         self._lock = threading.Lock()
         self._stats = {name: _Stat() for name in LATENCIES}
-        self._cache_hit = _Stat(buckets=False)  # 0/1 per request that needed a model
         self._counts = {name: 0 for name in COUNTS if name != "InvocationsPerInstance"}
         self._outcomes = {outcome: 0 for outcome in OUTCOMES}
         self._gauges: dict[str, float | int | None] = {name: None for name in GAUGES}
@@ -177,7 +178,6 @@ class EndpointMetrics:
             elif 500 <= status < 600:
                 counts["Invocation5XXErrors"] += 1
             if hit is not None:
-                self._cache_hit.observe(1.0 if hit else 0.0)
                 counts["ModelCacheHit" if hit else "ModelCacheMiss"] += 1
             if model_us > 0:
                 stats["ModelLatency"].observe(model_us)
@@ -233,26 +233,12 @@ class EndpointMetrics:
                                 GPUMemoryUtilization=pct(reading.gpu_memory_percent))
 
     # -- reading ------------------------------------------------------------------------------
-    def _copy(self) -> tuple[dict[str, float], dict[str, int], dict[str, _Stat], _Stat, dict]:
+    def _read(self) -> tuple[list[Metric], dict[str, tuple[float, float]]]:
+        """The metric families, and each latency's (minimum, maximum), from one consistent copy."""
         with self._lock:
-            return (dict(self._counts), dict(self._outcomes), {n: s.copy() for n, s in self._stats.items()},
-                    self._cache_hit.copy(), dict(self._gauges))
-
-    def snapshot(self) -> dict:
-        """JSON-ready: schema_version 1; ``counts`` (Sums), ``latency_us`` (count/sum/min/max/avg per
-        metric, ModelCacheHit's avg = hit ratio), ``gauges`` (None = not measured), ``units``."""
-        counts, outcomes, stats, cache_hit, gauges = self._copy()
-        now = time.time()
-        counts["InvocationsPerInstance"] = counts["Invocations"] / self.instance_count
-        counts.update({f"Invocations.{outcome}": n for outcome, n in outcomes.items()})
-        latency = {name: stat.to_dict() for name, stat in stats.items()}
-        latency["ModelCacheHit"] = cache_hit.to_dict()
-        return {"schema_version": SCHEMA_VERSION, "time": now, "uptime_s": round(now - self.started, 3),
-                "instance_count": self.instance_count, "counts": counts, "latency_us": latency,
-                "gauges": gauges, "units": dict(UNITS)}
-
-    def _families(self) -> list[Metric]:
-        counts, outcomes, stats, _, gauges = self._copy()
+            counts: dict[str, float] = dict(self._counts)
+            outcomes, gauges = dict(self._outcomes), dict(self._gauges)
+            stats = {n: s.copy() for n, s in self._stats.items()}
         families: list[Metric] = []
         invocations = UnknownMetricFamily("Invocations", COUNTS["Invocations"], labels=["outcome"])
         for outcome, n in outcomes.items():
@@ -264,14 +250,40 @@ class EndpointMetrics:
                 families.append(UnknownMetricFamily(name, doc, value=counts[name]))
         for name, stat in stats.items():
             cumulative, buckets = 0, []
-            for label, n in zip(_BUCKET_LABELS, stat.buckets or ()):
+            for label, n in zip(_BUCKET_LABELS, stat.buckets):
                 cumulative += n
                 buckets.append((label, cumulative))
             families.append(HistogramMetricFamily(name, LATENCIES[name], buckets=buckets, sum_value=stat.total))
         for name, doc in GAUGES.items():
             if gauges.get(name) is not None:
                 families.append(GaugeMetricFamily(name, doc, value=gauges[name]))
-        return families
+        return families, {name: (stat.minimum, stat.maximum) for name, stat in stats.items()}
+
+    def snapshot(self) -> dict:
+        """JSON-ready: schema_version 1; ``counts`` (Sums), ``latency_us`` (count/sum/min/max/avg per
+        metric, ModelCacheHit's avg = hit ratio), ``gauges`` (None = not measured), ``units``;
+        read from the Prometheus families."""
+        families, extremes = self._read()
+        now = time.time()
+        values: dict[str, float] = {}  # unlabelled samples by name
+        outcomes: dict[str, float] = {}
+        for family in families:
+            for sample in family.samples:
+                if "outcome" in sample.labels:
+                    outcomes[sample.labels["outcome"]] = sample.value
+                elif not sample.labels:
+                    values[sample.name] = sample.value
+        counts = {name: sum(outcomes.values()) if name == "Invocations" else values[name]
+                  for name in (*(n for n in COUNTS if n != "InvocationsPerInstance"), "InvocationsPerInstance")}
+        counts.update({f"Invocations.{outcome}": n for outcome, n in outcomes.items()})
+        latency = {name: _statistics(values[f"{name}_count"], values[f"{name}_sum"], *extremes[name])
+                   for name in LATENCIES}
+        hits, misses = counts["ModelCacheHit"], counts["ModelCacheMiss"]  # 0/1 samples: their statistics
+        latency["ModelCacheHit"] = _statistics(hits + misses, float(hits), 0.0 if misses else 1.0,
+                                               1.0 if hits else 0.0)
+        return {"schema_version": SCHEMA_VERSION, "time": now, "uptime_s": round(now - self.started, 3),
+                "instance_count": self.instance_count, "counts": counts, "latency_us": latency,
+                "gauges": {name: values.get(name) for name in GAUGES}, "units": dict(UNITS)}
 
     def prometheus_text(self) -> bytes:
         return generate_latest(self.registry)

@@ -17,11 +17,11 @@ import time
 from collections import OrderedDict
 
 import psutil
-import requests
 
 from mme.progress import Reporter
 from serving.admission import Admission, LoadedEntry
 from serving.cache import cache_key
+from serving.container import ContainerUnreachable
 from serving.metrics import EndpointMetrics
 from serving.triton.base import TritonServer
 
@@ -105,7 +105,7 @@ class Recovery:
         try:
             unload_s = await self.admission.unload_model(target, timeout_s=DEAD_UNLOAD_TIMEOUT_S)
             self.metrics.model_unloaded(unload_s, evicted=False)
-        except requests.RequestException as exc:
+        except ContainerUnreachable as exc:
             self.reporter.warn(f"Triton did not unload {target} ({type(exc).__name__}); restarting it, "
                                "models reload on demand")
             await self.recover(force=True)

@@ -67,6 +67,36 @@ class MotoServer:
 
 
 @contextlib.contextmanager
+def serving_process(command: list[str], ready_url: str, *, what: str, timeout_s: float = 60.0,
+                    stop_timeout_s: float = 30.0, **popen) -> Iterator[subprocess.Popen]:
+    """``command`` started (``popen``: Popen's keyword arguments), polled until ``ready_url``
+    answers, then yielded; stopped afterwards (SIGTERM, SIGKILL after ``stop_timeout_s``).
+    Fails the test if it exits first or does not answer within ``timeout_s``."""
+    from mme.polling import poll_until
+    from mme.process import stop_process
+
+    process = subprocess.Popen(command, **popen)
+
+    def answered(elapsed) -> bool | None:
+        if process.poll() is not None:
+            stderr = process.stderr.read() if process.stderr is not None else ""
+            pytest.fail(f"{what} exited with {process.returncode} before answering {ready_url}"
+                        + (f": {stderr}" if stderr else ""))
+        try:
+            urllib.request.urlopen(ready_url, timeout=1).close()
+        except OSError:
+            return None
+        return True
+
+    try:
+        poll_until(answered, timeout_s=timeout_s, interval_s=0.1, on_timeout=lambda waited: pytest.fail.Exception(
+            f"{what} did not answer {ready_url} within {timeout_s:.0f} s"))
+        yield process
+    finally:
+        stop_process(process, stop_timeout_s)
+
+
+@contextlib.contextmanager
 def running_moto_server() -> Iterator[str]:
     """A real moto S3 server over HTTP on 127.0.0.1 (moto_server from the venv): its URL."""
     exe = Path(sys.executable).parent / "moto_server"
@@ -75,26 +105,11 @@ def running_moto_server() -> Iterator[str]:
     from serving.triton.base import free_ports
 
     port = free_ports(1)[0]
-    proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.perf_counter() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/moto-api/", timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.perf_counter() > deadline:
-                    pytest.fail(f"moto_server did not start on port {port} (exit code {proc.poll()})")
-                time.sleep(0.05)
+    with serving_process([str(exe), "-H", "127.0.0.1", "-p", str(port)], f"{url}/moto-api/",
+                         what=f"moto_server on port {port}", timeout_s=30, stop_timeout_s=10,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture(scope="session")

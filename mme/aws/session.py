@@ -94,6 +94,37 @@ def client(session: Any, service: str, endpoint_url: str | None = None) -> Any:
     return session.client(service, endpoint_url=endpoint_url, config=config)
 
 
+@dataclass(frozen=True)
+class AwsSession:
+    """A checked boto3 session: its region ("" only when none was needed and none is
+    configured) and clients with the toolkit's retry settings."""
+
+    session: Any
+    region: str
+
+    def client(self, service: str, endpoint_url: str | None = None) -> Any:
+        return client(self.session, service, endpoint_url)
+
+
+def connect(region: str | None = None, *, need_region: bool = True, need_credentials: bool = True,
+            local_endpoint_url: str | None = None) -> AwsSession:
+    """The one preamble of every cloud command: a session for ``region`` (default: botocore's
+    chain), the region checked to be one where SageMaker runs, credentials present.
+
+    With ``local_endpoint_url`` (a local stand-in for the endpoint) no region is required: one
+    is only needed to sign, and us-east-1 serves when none is configured.
+    """
+    session = boto3_session(region)
+    if local_endpoint_url is not None:
+        if session.region_name is None:
+            session = boto3_session("us-east-1")  # a local endpoint: any region signs
+    elif need_region:
+        require_region(session)
+    if need_credentials:
+        require_credentials(session)
+    return AwsSession(session, session.region_name or "")
+
+
 # --- botocore's service model ---------------------------------------------------------
 
 

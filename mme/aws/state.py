@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -38,14 +38,25 @@ class Resource:
 
 
 @dataclass(frozen=True)
-class Deployment:
+class DeploymentSpec:
+    """What a deployment is: the endpoint, where, and what it serves on which instances.
+    A deploy plan carries it; the state file records it."""
+
     endpoint: str
     region: str
-    mode: str
+    mode: str  # "multi" | "single"
     s3_uri: str
     model_data_url: str
     instance_type: str
     image_uri: str
+
+    def spec(self) -> dict[str, Any]:
+        """These fields alone, by name (to build a Deployment from a plan)."""
+        return {f.name: getattr(self, f.name) for f in fields(DeploymentSpec)}
+
+
+@dataclass(frozen=True)
+class Deployment(DeploymentSpec):
     resources: tuple[Resource, ...]
     status: str  # "deploying" | "interrupted" | "Creating" | "InService" | "Failed" | ...
     created_at: str
@@ -143,3 +154,27 @@ class DeploymentStore:
 
     def remove(self, endpoint: str) -> bool:
         return self._dir.remove(endpoint)
+
+
+class DeploymentTracker:
+    """A deployment's state while a run changes it, saved on every change (so a Ctrl-C at any
+    moment leaves a file naming everything that might exist)."""
+
+    def __init__(self, store: DeploymentStore, deployment: Deployment) -> None:
+        self.store = store
+        self.deployment = deployment
+        self.store.save(deployment)
+
+    def mark(self, kind: str, status: str) -> None:
+        self.deployment = self.deployment.with_resource(kind, status)
+        self.store.save(self.deployment)
+
+    def found(self, kind: str) -> None:
+        """The resource exists: ours if a run of this deployment asked for it, else it was there before."""
+        current = self.deployment.resource(kind).status
+        if current in ("planned", "requested"):
+            self.mark(kind, "existing" if current == "planned" else "created")
+
+    def status(self, status: str, reason: str | None = None) -> None:
+        self.deployment = self.deployment.with_status(status, reason)
+        self.store.save(self.deployment)

@@ -14,8 +14,6 @@ FORMATS: dict[str, ModelFormat] = {
     f.name: f
     for f in (TorchScriptFormat(), OnnxFormat(), CpuLocalFormat(), TensorRTPlanFormat(), TorchTensorRTFormat())
 }
-CPU_FORMATS = tuple(name for name, f in FORMATS.items() if not f.requires_gpu)
-DEFAULT_FORMATS = ("torchscript", "onnx", "cpu-local")
 
 
 def parse_formats(text: str) -> tuple[str, ...]:
@@ -32,6 +30,6 @@ def parse_formats(text: str) -> tuple[str, ...]:
 
 
 __all__ = [
-    "FORMATS", "CPU_FORMATS", "DEFAULT_FORMATS", "parse_formats",
+    "FORMATS", "parse_formats",
     "ExportContext", "ExportedModel", "ExportOptions", "ModelFormat",
 ]

@@ -1,10 +1,12 @@
-"""What every export format provides, and the context an export runs in."""
+"""What every export format provides (:class:`ModelFormat`: its Triton settings, tolerance and
+recorded versions live on the format, so the pipeline asks the format instead of branching
+on its name), and the context an export runs in."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -19,7 +21,6 @@ Runner = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
 @dataclass(frozen=True)
 class ExportOptions:
     opset: int = 18
-    max_batch_size: int = 16
     precision: str = "fp32"  # fp32 | tf32 | fp16 (GPU formats; see packager.formats.gpu)
     cpu_threads: int = 2  # ONNX Runtime intra-op threads in the cpu-local model
     workspace_gib: float = 4.0  # TensorRT builder workspace
@@ -52,34 +53,65 @@ class ExportContext:
     options: ExportOptions
     workdir: Path
     reporter: Reporter
+    max_batch_size: int = 16  # the request's TritonOptions.max_batch_size (engine profiles, dynamic axes)
     cache: dict[str, Any] = field(default_factory=dict)
 
 
-class ModelFormat(Protocol):
-    name: str
-    description: str
-    requires_gpu: bool
+class ModelFormat:
+    """One export format. A format sets the class attributes and implements :meth:`export`
+    and :meth:`runner`; the defaults are those of a CPU format served by a Triton platform."""
 
-    @property
-    def platform(self) -> str | None:
-        """Triton platform (onnxruntime_onnx, ...) or None."""
-
-    @property
-    def backend(self) -> str | None:
-        """Triton backend (python) or None."""
-
-    instance_kind: str  # KIND_GPU | KIND_CPU
+    name: str = ""
+    description: str = ""
+    requires_gpu: bool = False
+    platform: str | None = None  # Triton platform (onnxruntime_onnx, ...) or None
+    backend: str | None = None  # Triton backend (python) or None
+    instance_kind: str = "KIND_GPU"  # KIND_GPU | KIND_CPU
+    model_file: str = ""  # the model's file name inside <model>/1/
+    libtorch_names: bool = False  # Triton's libtorch I/O naming (INPUT__0, OUTPUT__0) instead of the spec's
 
     def check_available(self, release: Release) -> None:
         """Raise GpuRequiredError (or MmeError) before any work if this format cannot be built
         here for ``release``."""
+        return None
 
-    def export(self, ctx: ExportContext) -> ExportedModel: ...
+    def export(self, ctx: ExportContext) -> ExportedModel:
+        raise NotImplementedError
 
-    def runner(self, exported: ExportedModel, ctx: ExportContext) -> Runner: ...
+    def runner(self, exported: ExportedModel, ctx: ExportContext) -> Runner:
+        raise NotImplementedError
 
     def versions(self) -> dict[str, str]:
-        """Versions of the tools this format was built with, for the manifest."""
+        """Versions of the installed tools this format builds with."""
+        return {}
+
+    def recorded_versions(self, exported: ExportedModel) -> dict[str, str]:
+        """The tool versions the manifest records for ``exported``."""
+        return self.versions()
+
+    def triton_parameters(self, options: ExportOptions) -> dict[str, str]:
+        """``parameters`` of its config.pbtxt."""
+        return {}
+
+    def default_atol(self, spec_atol: float, precision: str) -> float:
+        """The validation tolerance when --atol is not given: the family's (``spec_atol``)."""
+        return spec_atol
+
+    def work_path(self, ctx: ExportContext) -> Path:
+        """Where the export writes its model file (``<workdir>/<format>/<model_file>``)."""
+        path = ctx.workdir / self.name / self.model_file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def exported(self, ctx: ExportContext, files: Mapping[str, Path],
+                 details: Mapping[str, Any] | None = None) -> ExportedModel:
+        """The :class:`ExportedModel` of ``files``, with the spec's I/O as this format names it."""
+        spec = ctx.model.spec
+        inputs, outputs = spec.inputs, spec.outputs
+        if self.libtorch_names:
+            inputs, outputs = positional_names(inputs, "INPUT"), positional_names(outputs, "OUTPUT")
+        return ExportedModel(format=self.name, files=dict(files), inputs=inputs, outputs=outputs,
+                             details=dict(details or {}))
 
 
 def positional_names(specs: tuple[TensorSpec, ...], prefix: str) -> tuple[TensorSpec, ...]:

@@ -4,12 +4,12 @@ python backend only) can serve, with the same inputs and outputs as the ``onnx``
 
 from __future__ import annotations
 
+import dataclasses
 from importlib import resources
 from pathlib import Path
 
-from mme.versions import Release
-from packager.formats.base import ExportContext, ExportedModel, Runner
-from packager.formats.onnx_format import exported_onnx, onnx_session, onnx_versions, run_onnx
+from packager.formats.base import ExportContext, ExportedModel, ExportOptions
+from packager.formats.onnx_format import OnnxFormat
 
 MODEL_PY = "onnxruntime_model.py"
 
@@ -18,31 +18,26 @@ def model_py_source() -> Path:
     return Path(str(resources.files("packager.backends").joinpath(MODEL_PY)))
 
 
-class CpuLocalFormat:
+class CpuLocalFormat(OnnxFormat):
+    """The ONNX export plus the python-backend model.py that runs it (see packager/backends)."""
+
     name = "cpu-local"
     description = "Triton python backend running the ONNX file with ONNX Runtime (serves without a GPU)"
-    requires_gpu = False
     platform = None
     backend = "python"
     instance_kind = "KIND_CPU"
-    model_file = "model.onnx"
-
-    def check_available(self, release: Release) -> None:
-        return None
 
     def export(self, ctx: ExportContext) -> ExportedModel:
-        spec = ctx.model.spec
-        return ExportedModel(
-            format=self.name,
-            files={"model.py": model_py_source(), self.model_file: exported_onnx(ctx)},
-            inputs=spec.inputs,
-            outputs=spec.outputs,
-            details={"opset": ctx.options.opset, "intra_op_num_threads": ctx.options.cpu_threads},
+        onnx = super().export(ctx)
+        return dataclasses.replace(
+            onnx,
+            files={"model.py": model_py_source(), **onnx.files},
+            details={**onnx.details, "intra_op_num_threads": ctx.options.cpu_threads},
         )
 
-    def runner(self, exported: ExportedModel, ctx: ExportContext) -> Runner:
-        # The same session settings model.py uses inside Triton.
-        return run_onnx(onnx_session(exported.files[self.model_file], ctx.options.cpu_threads), exported)
+    def session_threads(self, options: ExportOptions) -> int:
+        return options.cpu_threads  # the same session settings model.py uses inside Triton
 
-    def versions(self) -> dict[str, str]:
-        return onnx_versions()
+    def triton_parameters(self, options: ExportOptions) -> dict[str, str]:
+        """What model.py reads from its config.pbtxt."""
+        return {"intra_op_num_threads": str(options.cpu_threads), "onnx_file": self.model_file}

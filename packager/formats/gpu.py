@@ -24,6 +24,7 @@ import json
 from typing import Any, Iterator, Mapping
 
 from mme.errors import GpuRequiredError, UsageError
+from packager.formats.base import ExportedModel, ExportOptions, ModelFormat
 from packager.spec import IOSpec, TensorSpec
 
 PRECISIONS = ("fp32", "tf32", "fp16")
@@ -59,12 +60,33 @@ def install_hint(package: str) -> str:
     return "make install-gpu, i.e. pip install --extra-index-url https://pypi.nvidia.com -e '.[gpu]'"
 
 
-def default_atol(spec_atol: float, precision: str, gpu_format: bool) -> float:
-    """The validation tolerance when --atol is not given: the family's for FP32 (and every
-    CPU format), looser for TF32 and FP16 engines."""
-    if not gpu_format or precision == "fp32":
+def precision_atol(spec_atol: float, precision: str) -> float:
+    """A GPU engine's validation tolerance when --atol is not given: the family's for FP32,
+    looser for TF32 and FP16."""
+    if precision == "fp32":
         return spec_atol
     return max(spec_atol, TF32_ATOL if precision == "tf32" else FP16_ATOL)
+
+
+def hardware_compatibility(options: ExportOptions) -> str:
+    """The engine's hardware compatibility level as the manifest records it."""
+    return HARDWARE_COMPATIBLE if options.hardware_compatible else "none"
+
+
+class GpuFormat(ModelFormat):
+    """A format that builds TensorRT engines on this host's GPU: its precision sets the default
+    tolerance, and the manifest records the TensorRT (and Torch-TensorRT) the build reported."""
+
+    requires_gpu = True
+    instance_kind = "KIND_GPU"
+    BUILT_VERSIONS = ("tensorrt", "torch_tensorrt")  # read back from the export's details
+
+    def default_atol(self, spec_atol: float, precision: str) -> float:
+        return precision_atol(spec_atol, precision)
+
+    def recorded_versions(self, exported: ExportedModel) -> dict[str, str]:
+        built = {key: str(exported.details[key]) for key in self.BUILT_VERSIONS if key in exported.details}
+        return self.versions() | built
 
 
 def opt_batch(max_batch: int) -> int:

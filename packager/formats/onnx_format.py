@@ -6,9 +6,7 @@ from pathlib import Path
 
 from mme.errors import ExportError
 from mme.progress import library_output_captured
-from mme.versions import Release
-from packager.formats.base import exception_summary
-from packager.formats.base import ExportContext, ExportedModel, Runner, package_version
+from packager.formats.base import ExportContext, ExportedModel, ExportOptions, ModelFormat, Runner, exception_summary, package_version
 
 MIN_OPSET = 17
 
@@ -31,7 +29,7 @@ def _export(ctx: ExportContext) -> Path:
     example = ctx.model.make_inputs(2, spec.axes, 1234)
     args = tuple(torch.from_numpy(example[t.name]) for t in spec.inputs)
     # One Dim object per axis name so tensors sharing an axis share the symbol.
-    dims = {"batch": torch.export.Dim("batch", min=1, max=max(2, ctx.options.max_batch_size))}
+    dims = {"batch": torch.export.Dim("batch", min=1, max=max(2, ctx.max_batch_size))}
     for axis, size in spec.axis_max:
         dims[axis] = torch.export.Dim(axis, min=1, max=max(2, size))
     # Positional, in spec order: forward's parameter names differ between models (x, input_ids...).
@@ -78,30 +76,24 @@ def run_onnx(session, exported: ExportedModel) -> Runner:
     return run
 
 
-class OnnxFormat:
+class OnnxFormat(ModelFormat):
+    """The ONNX export, served by Triton's ONNX Runtime backend; :class:`packager.formats.cpu_local.CpuLocalFormat`
+    serves the same file from the python backend."""
+
     name = "onnx"
     description = "ONNX (opset >= 17, dynamic axes) for Triton's onnxruntime_onnx backend"
-    requires_gpu = False
-    platform = "onnxruntime_onnx"
-    backend = None
-    instance_kind = "KIND_GPU"
+    platform: str | None = "onnxruntime_onnx"
     model_file = "model.onnx"
 
-    def check_available(self, release: Release) -> None:
-        return None
-
     def export(self, ctx: ExportContext) -> ExportedModel:
-        spec = ctx.model.spec
-        return ExportedModel(
-            format=self.name,
-            files={self.model_file: exported_onnx(ctx)},
-            inputs=spec.inputs,
-            outputs=spec.outputs,
-            details={"opset": ctx.options.opset},
-        )
+        return self.exported(ctx, {self.model_file: exported_onnx(ctx)}, {"opset": ctx.options.opset})
+
+    def session_threads(self, options: ExportOptions) -> int:
+        """ONNX Runtime intra-op threads of the validation session (0: ONNX Runtime's default)."""
+        return 0
 
     def runner(self, exported: ExportedModel, ctx: ExportContext) -> Runner:
-        return run_onnx(onnx_session(exported.files[self.model_file]), exported)
+        return run_onnx(onnx_session(exported.files[self.model_file], self.session_threads(ctx.options)), exported)
 
     def versions(self) -> dict[str, str]:
         return onnx_versions()

@@ -10,15 +10,18 @@ engine inspector then says which precision its layers actually run in.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Mapping
 
 from mme.errors import ExportError
 from mme.versions import Release
 from packager.formats.base import ExportContext, ExportedModel, Runner, package_version
 from packager.formats.gpu import (
+    GpuFormat,
     configure_builder,
     engine_precision,
     fp16_needs_fp16_graph,
     gpu_details,
+    hardware_compatibility,
     layer_precisions,
     profile_shapes,
     require_gpu,
@@ -60,7 +63,7 @@ def build_plan(ctx: ExportContext, onnx_path: Path, dest: Path) -> dict:
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(ctx.options.workspace_gib * (1 << 30)))
     settings = configure_builder(trt, config, precision, ctx.options.hardware_compatible)
     profile = builder.create_optimization_profile()
-    for tensor, lo, opt, hi in profile_shapes(ctx.model.spec, ctx.options.max_batch_size):
+    for tensor, lo, opt, hi in profile_shapes(ctx.model.spec, ctx.max_batch_size):
         profile.set_shape(tensor.name, lo, opt, hi)
     config.add_optimization_profile(profile)
     serialized = builder.build_serialized_network(network, config)
@@ -74,13 +77,51 @@ def build_plan(ctx: ExportContext, onnx_path: Path, dest: Path) -> dict:
             "engine_precision": engine_precision(counts, precision)}
 
 
-class TensorRTPlanFormat:
+class PlanExecution:
+    """A deserialized plan and one execution context, with CUDA tensors bound by name: what
+    validation runs (numpy in and out) and what the GPU check times (buffers kept on the GPU)."""
+
+    def __init__(self, plan: bytes) -> None:
+        import tensorrt as trt
+
+        self._trt = trt
+        self.engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(plan)
+        if self.engine is None:
+            raise ExportError("TensorRT could not load the plan (built with another TensorRT version or GPU?)")
+        self.context = self.engine.create_execution_context()
+        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        self.input_names = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+        self.output_names = [n for n in names if n not in self.input_names]
+
+    def outputs_for(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """Set the input shapes from ``inputs`` and allocate the outputs (the engine's dtypes) on the GPU."""
+        import numpy as np
+        import torch
+
+        for name, tensor in inputs.items():
+            self.context.set_input_shape(name, tuple(tensor.shape))
+        outputs = {}
+        for name in self.output_names:
+            dtype = torch.from_numpy(np.zeros(0, dtype=self._trt.nptype(self.engine.get_tensor_dtype(name)))).dtype
+            outputs[name] = torch.empty(tuple(self.context.get_tensor_shape(name)), dtype=dtype, device="cuda")
+        return outputs
+
+    def execute(self, tensors: Mapping[str, Any]) -> None:
+        """Run on the current CUDA stream with ``tensors`` (inputs and outputs, by name) bound; asynchronous."""
+        import torch
+
+        for name in self.input_names:
+            self.context.set_input_shape(name, tuple(tensors[name].shape))
+        for name, tensor in tensors.items():
+            self.context.set_tensor_address(name, tensor.data_ptr())
+        if not self.context.execute_async_v3(torch.cuda.current_stream().cuda_stream):
+            raise ExportError("TensorRT execution failed")
+
+
+class TensorRTPlanFormat(GpuFormat):
     name = "tensorrt"
     description = "TensorRT plan (GPU only) for Triton's tensorrt_plan platform"
-    requires_gpu = True
     platform = "tensorrt_plan"
-    backend = None
-    instance_kind = "KIND_GPU"
     model_file = "model.plan"
 
     def check_available(self, release: Release) -> None:
@@ -90,47 +131,25 @@ class TensorRTPlanFormat:
     def export(self, ctx: ExportContext) -> ExportedModel:
         import tensorrt as trt
 
-        path = ctx.workdir / "tensorrt" / self.model_file
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path = self.work_path(ctx)
         built = build_plan(ctx, exported_onnx(ctx), path)
-        spec = ctx.model.spec
-        return ExportedModel(
-            format=self.name,
-            files={self.model_file: path},
-            inputs=spec.inputs,
-            outputs=spec.outputs,
-            details={"tensorrt": trt.__version__, "precision": ctx.options.precision,
-                     "hardware_compatibility": "ampere_plus" if ctx.options.hardware_compatible else "none",
-                     **built, **gpu_details()},
-        )
+        return self.exported(ctx, {self.model_file: path}, {
+            "tensorrt": trt.__version__, "precision": ctx.options.precision,
+            "hardware_compatibility": hardware_compatibility(ctx.options), **built, **gpu_details(),
+        })
 
     def runner(self, exported: ExportedModel, ctx: ExportContext) -> Runner:
         import numpy as np
-        import tensorrt as trt
         import torch
 
-        runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
-        engine = runtime.deserialize_cuda_engine(exported.files[self.model_file].read_bytes())
-        context = engine.create_execution_context()
+        execution = PlanExecution(exported.files[self.model_file].read_bytes())
 
         def run(inputs):
-            keep = []
-            for t in exported.inputs:
-                tensor = torch.from_numpy(np.ascontiguousarray(inputs[t.name])).cuda()
-                keep.append(tensor)
-                context.set_input_shape(t.name, tuple(tensor.shape))
-                context.set_tensor_address(t.name, tensor.data_ptr())
-            outputs = {}
-            for t in exported.outputs:
-                dtype = torch.from_numpy(np.zeros(0, dtype=trt.nptype(engine.get_tensor_dtype(t.name)))).dtype
-                out = torch.empty(tuple(context.get_tensor_shape(t.name)), dtype=dtype, device="cuda")
-                context.set_tensor_address(t.name, out.data_ptr())
-                outputs[t.name] = out
-            stream = torch.cuda.current_stream()
-            if not context.execute_async_v3(stream.cuda_stream):
-                raise ExportError("TensorRT execution failed during validation")
-            stream.synchronize()
-            return {name: out.float().cpu().numpy() for name, out in outputs.items()}
+            device = {t.name: torch.from_numpy(np.ascontiguousarray(inputs[t.name])).cuda() for t in exported.inputs}
+            outputs = execution.outputs_for(device)
+            execution.execute({**device, **outputs})
+            torch.cuda.current_stream().synchronize()
+            return {t.name: outputs[t.name].float().cpu().numpy() for t in exported.outputs}
 
         return run
 

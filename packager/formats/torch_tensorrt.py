@@ -14,8 +14,15 @@ import dataclasses
 
 from mme.errors import ExportError, GpuRequiredError
 from mme.versions import Release
-from packager.formats.base import ExportContext, ExportedModel, Runner, package_version, positional_names
-from packager.formats.gpu import gpu_details, profile_shapes, require_gpu, torch_tensorrt_precision_args
+from packager.formats.base import ExportContext, ExportedModel, Runner, package_version
+from packager.formats.gpu import (
+    GpuFormat,
+    gpu_details,
+    hardware_compatibility,
+    profile_shapes,
+    require_gpu,
+    torch_tensorrt_precision_args,
+)
 from packager.formats.tensorrt_plan import installed_tensorrt
 from packager.formats.torchscript import run_torchscript
 
@@ -51,14 +58,12 @@ def check_release_stack(release) -> None:
         )
 
 
-class TorchTensorRTFormat:
+class TorchTensorRTFormat(GpuFormat):
     name = "torch-tensorrt"
     description = "Torch-TensorRT compiled TorchScript (GPU only, builder image) for Triton's pytorch_libtorch backend"
-    requires_gpu = True
     platform = "pytorch_libtorch"
-    backend = None
-    instance_kind = "KIND_GPU"
     model_file = "model.pt"
+    libtorch_names = True
 
     def check_available(self, release: Release) -> None:
         require_gpu(self.name, ("tensorrt", "torch_tensorrt"))
@@ -73,15 +78,14 @@ class TorchTensorRTFormat:
         dtypes = {"float32": torch.float32, "int64": torch.int64, "int32": torch.int32, "float16": torch.float16}
         inputs = [
             torch_tensorrt.Input(min_shape=lo, opt_shape=opt, max_shape=hi, dtype=dtypes[t.dtype])
-            for t, lo, opt, hi in profile_shapes(spec, ctx.options.max_batch_size)
+            for t, lo, opt, hi in profile_shapes(spec, ctx.max_batch_size)
         ]
         precision_args = torch_tensorrt_precision_args(settings_fields(torch_tensorrt), ctx.options.precision, torch)
         if ctx.options.hardware_compatible:
             precision_args["hardware_compatible"] = True
-        example = ctx.model.make_inputs(min(2, ctx.options.max_batch_size), spec.axes, 1234)
+        example = ctx.model.make_inputs(min(2, ctx.max_batch_size), spec.axes, 1234)
         example_tensors = [torch.from_numpy(example[t.name]).cuda() for t in spec.inputs]
-        path = ctx.workdir / "torch-tensorrt" / self.model_file
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path = self.work_path(ctx)
         try:
             compiled = torch_tensorrt.compile(module, ir="dynamo", inputs=inputs, **precision_args)
             torch_tensorrt.save(compiled, str(path), output_format="torchscript", arg_inputs=example_tensors)
@@ -90,21 +94,15 @@ class TorchTensorRTFormat:
         finally:
             ctx.model.module.cpu()
         recorded = {k: sorted(str(p) for p in v) if isinstance(v, set) else str(v) for k, v in precision_args.items()}
-        return ExportedModel(
-            format=self.name,
-            files={self.model_file: path},
-            inputs=positional_names(spec.inputs, "INPUT"),
-            outputs=positional_names(spec.outputs, "OUTPUT"),
-            details={
-                "tensorrt": installed_tensorrt() or "unknown",
-                "torch_tensorrt": torch_tensorrt.__version__,
-                "torch_tensorrt_abi": engine_abi(),
-                "precision": ctx.options.precision,
-                "builder_settings": recorded,
-                "hardware_compatibility": "ampere_plus" if ctx.options.hardware_compatible else "none",
-                **gpu_details(),
-            },
-        )
+        return self.exported(ctx, {self.model_file: path}, {
+            "tensorrt": installed_tensorrt() or "unknown",
+            "torch_tensorrt": torch_tensorrt.__version__,
+            "torch_tensorrt_abi": engine_abi(),
+            "precision": ctx.options.precision,
+            "builder_settings": recorded,
+            "hardware_compatibility": hardware_compatibility(ctx.options),
+            **gpu_details(),
+        })
 
     def runner(self, exported: ExportedModel, ctx: ExportContext) -> Runner:
         import torch

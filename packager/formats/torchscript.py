@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from mme.errors import ExportError
 from mme.progress import library_output_captured
-from mme.versions import Release
-from packager.formats.base import exception_summary, ExportContext, ExportedModel, Runner, package_version, positional_names
+from packager.formats.base import ExportContext, ExportedModel, ModelFormat, Runner, exception_summary, package_version
 
 
 def traced_module(ctx: ExportContext):
@@ -37,31 +36,19 @@ def run_torchscript(module, exported: ExportedModel, device: str = "cpu") -> Run
     return run
 
 
-class TorchScriptFormat:
+class TorchScriptFormat(ModelFormat):
     name = "torchscript"
     description = "TorchScript (traced) for Triton's pytorch_libtorch backend"
-    requires_gpu = False
     platform = "pytorch_libtorch"
-    backend = None
-    instance_kind = "KIND_GPU"
     model_file = "model.pt"
-
-    def check_available(self, release: Release) -> None:
-        return None
+    libtorch_names = True
 
     def export(self, ctx: ExportContext) -> ExportedModel:
         import torch
 
-        path = ctx.workdir / "torchscript" / self.model_file
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path = self.work_path(ctx)
         torch.jit.save(traced_module(ctx), str(path))
-        spec = ctx.model.spec
-        return ExportedModel(
-            format=self.name,
-            files={self.model_file: path},
-            inputs=positional_names(spec.inputs, "INPUT"),
-            outputs=positional_names(spec.outputs, "OUTPUT"),
-        )
+        return self.exported(ctx, {self.model_file: path})
 
     def runner(self, exported: ExportedModel, ctx: ExportContext) -> Runner:
         import torch

@@ -51,6 +51,13 @@ ALIASES = {
 }
 
 
+def versions() -> dict[str, str]:
+    """The library this family loads models with, as the manifest records it."""
+    from packager.formats.base import package_version
+
+    return {"transformers": package_version("transformers") or "unknown"}
+
+
 def list_models(pattern: str | None = None) -> list[str]:
     names = sorted(BUILTIN_CONFIGS)
     return [n for n in names if pattern is None or fnmatch.fnmatch(n, pattern)]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -18,6 +17,13 @@ FAMILY = "timm"
 FEATURED = ("resnet50", "convnext_base", "vit_large_patch16_224")
 
 
+def versions() -> dict[str, str]:
+    """The library this family loads models with, as the manifest records it."""
+    from packager.formats.base import package_version
+
+    return {"timm": package_version("timm") or "unknown"}
+
+
 def list_models(pattern: str | None = None) -> list[str]:
     import timm
 
@@ -29,10 +35,6 @@ def owns(name: str) -> bool:
 
     base = name.split(".", 1)[0]  # resnet50.a1_in1k -> resnet50 (pretrained tag)
     return bool(timm.is_model(base))
-
-
-def matches(name: str, pattern: str) -> bool:
-    return fnmatch.fnmatch(name, pattern)
 
 
 def load(request: ModelRequest, reporter: Reporter) -> LoadedModel:

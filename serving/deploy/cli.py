@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from mme.argtypes import byte_size, positive_float, positive_int
 from mme.progress import Reporter
@@ -22,25 +22,77 @@ def register(subparsers: Any) -> None:
     register_compile(subparsers)
 
 
-def _s3_endpoint_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--s3-endpoint-url", "--endpoint-url", dest="s3_endpoint_url", metavar="URL",
-                   help="S3-compatible endpoint for the s3:// URIs (e.g. a local test server)")
+# name -> (one-line help, description): what `mme --help` and `mme <name> --help` say.
+_TEXT = {
+    "push": (
+        "upload an artifact's MME tarball (and N copies, server-side) to an S3 prefix",
+        "Upload <name>.tar.gz once, make <name>-v1..vN.tar.gz by server-side copy, skip objects whose "
+        "sha256 metadata already matches, verify every write. Refuses random-weight artifacts unless allowed.",
+    ),
+    "deploy": (
+        "create a SageMaker endpoint (multi-model by default) on the Triton image and wait for it",
+        "CreateModel -> CreateEndpointConfig -> CreateEndpoint, after checking instance type, role, region, "
+        "credentials, bucket and tarballs. A state file lists what was created (for 'mme delete'); running the "
+        "same command again carries on from what exists.",
+    ),
+    "delete": (
+        "delete an endpoint, its endpoint config and model (and with --delete-s3 its S3 prefix)",
+        "Deletes what the deployment's state file lists (or what the endpoint refers to), tolerating "
+        "resources that are already gone, then removes the state file. Safe to run twice.",
+    ),
+    "metrics": (
+        "fetch an endpoint's CloudWatch metrics for a run window and save them (JSON + CSV)",
+        "GetMetricData at a 60 s period: invocations, latencies, errors, MME model loading and cache, "
+        "CPU/memory/GPU utilisation. With --run the window and endpoint come from the run's run.json and the files "
+        "go into the run directory.",
+    ),
+    "compile": (
+        "build a TensorRT plan from an ONNX artifact in a SageMaker training job on the target GPU",
+        "Runs a training job on --instance-type in the serving image (so TensorRT version and GPU match "
+        "the endpoint), downloads the plan into artifacts/<model>/tensorrt/ and writes its manifest.",
+    ),
+}
 
 
-def _region_option(p: argparse.ArgumentParser) -> None:
+def _command(subparsers: Any, name: str, run: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+    summary, description = _TEXT[name]
+    p = subparsers.add_parser(name, help=summary, description=description)
+    p.set_defaults(func=run)
+    return p
+
+
+def _aws_options(p: argparse.ArgumentParser, *, s3_endpoint: bool = True) -> None:
+    """--region, and --s3-endpoint-url for the commands that read or write s3:// URIs."""
     p.add_argument("--region", help="AWS region (default: AWS_REGION / the profile's region)")
+    if s3_endpoint:
+        p.add_argument("--s3-endpoint-url", "--endpoint-url", dest="s3_endpoint_url", metavar="URL",
+                       help="S3-compatible endpoint for the s3:// URIs (e.g. a local test server)")
+
+
+def _wait_options(p: argparse.ArgumentParser, timeout_s: float) -> None:
+    p.add_argument("--timeout", type=positive_float, default=timeout_s, metavar="S",
+                   help=f"give up waiting after S seconds ({timeout_s:.0f})")
+    p.add_argument("--poll-interval", type=positive_float, default=30.0, metavar="S", help="seconds between status checks (30)")
+
+
+def _state_dir_option(p: argparse.ArgumentParser, default: str, where: str) -> None:
+    p.add_argument("--state-dir", default=default, help=f"where {where} (default: %(default)s)")
+
+
+def _print_plan(lines: list[str], dry_run: bool, nothing: str) -> bool:
+    """Print a plan; True when it was a dry run (and say so)."""
+    for line in lines:
+        print(line)
+    if dry_run:
+        print(f"dry run: {nothing}")
+    return dry_run
 
 
 # --- push ----------------------------------------------------------------------------------
 
 
 def register_push(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "push",
-        help="upload an artifact's MME tarball (and N copies, server-side) to an S3 prefix",
-        description="Upload <name>.tar.gz once, make <name>-v1..vN.tar.gz by server-side copy, skip objects whose "
-        "sha256 metadata already matches, verify every write. Refuses random-weight artifacts unless allowed.",
-    )
+    p = _command(subparsers, "push", run_push)
     p.add_argument("artifact", help="artifacts/<model>/<format> made by 'mme package'")
     p.add_argument("--s3", required=True, metavar="URI", help="destination prefix, s3://bucket/prefix")
     p.add_argument("--copies", type=int, default=0, metavar="N", help="also make <name>-v1..vN.tar.gz (default: 0)")
@@ -53,15 +105,13 @@ def register_push(subparsers: Any) -> None:
     p.add_argument("--multipart-threshold", type=byte_size, default=64 << 20, help="multipart upload above this size (64M)")
     p.add_argument("--multipart-chunksize", type=byte_size, default=64 << 20, help="part size of multipart uploads (64M)")
     p.add_argument("--max-concurrency", type=positive_int, default=4, help="parallel part uploads (4)")
-    _region_option(p)
-    _s3_endpoint_option(p)
-    p.set_defaults(func=run_push)
+    _aws_options(p)
 
 
 def run_push(args: argparse.Namespace) -> int:
     from mme.aws.s3 import TransferSettings
     from serving.deploy.s3push import PushRequest, push
-    from mme.aws.session import S3Uri, boto3_session, client, require_credentials
+    from mme.aws.session import S3Uri, connect
 
     destination = S3Uri.parse(args.s3)
     request = PushRequest(
@@ -70,9 +120,8 @@ def run_push(args: argparse.Namespace) -> int:
         instance_type=args.instance_type, image_uri=args.image_uri,
         settings=TransferSettings(args.multipart_threshold, args.multipart_chunksize, args.max_concurrency),
     )
-    session = boto3_session(args.region)
-    require_credentials(session)
-    push(client(session, "s3", args.s3_endpoint_url), request, Reporter(quiet=args.quiet))
+    aws = connect(args.region, need_region=False)
+    push(aws.client("s3", args.s3_endpoint_url), request, Reporter(quiet=args.quiet))
     return 0
 
 
@@ -80,13 +129,7 @@ def run_push(args: argparse.Namespace) -> int:
 
 
 def register_deploy(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "deploy",
-        help="create a SageMaker endpoint (multi-model by default) on the Triton image and wait for it",
-        description="CreateModel -> CreateEndpointConfig -> CreateEndpoint, after checking instance type, role, region, "
-        "credentials, bucket and tarballs. A state file lists what was created (for 'mme delete'); running the "
-        "same command again carries on from what exists.",
-    )
+    p = _command(subparsers, "deploy", run_deploy)
     p.add_argument("--s3", required=True, metavar="URI", help="s3://bucket/prefix holding the tarballs (single mode: or one .tar.gz)")
     p.add_argument("--instance-type", required=True, help="e.g. ml.g5.2xlarge")
     p.add_argument("--role", required=True, metavar="ARN", help="SageMaker execution role (arn:aws:iam::<account>:role/<name>)")
@@ -99,17 +142,15 @@ def register_deploy(subparsers: Any) -> None:
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra container environment (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="check everything and print the exact requests; create nothing")
     p.add_argument("--no-wait", dest="wait", action="store_false", help="return once creation has started")
-    p.add_argument("--timeout", type=positive_float, default=3600.0, metavar="S", help="give up waiting after S seconds (3600)")
-    p.add_argument("--poll-interval", type=positive_float, default=30.0, metavar="S", help="seconds between status checks (30)")
-    p.add_argument("--state-dir", default=".mme/deployments", help="where deployment state files go (default: %(default)s)")
-    _region_option(p)
-    _s3_endpoint_option(p)
-    p.set_defaults(func=run_deploy)
+    _wait_options(p, 3600.0)
+    _state_dir_option(p, ".mme/deployments", "deployment state files go")
+    _aws_options(p)
 
 
 def run_deploy(args: argparse.Namespace) -> int:
+    from serving.copies import copy_name
     from serving.deploy import endpoint as deploy
-    from mme.aws.session import boto3_session, client
+    from mme.aws.session import connect
     from mme.aws.state import DeploymentStore
 
     request = deploy.DeployRequest(
@@ -121,18 +162,15 @@ def run_deploy(args: argparse.Namespace) -> int:
     )
     deploy.check_request(request)  # before any AWS call
     reporter = Reporter(quiet=args.quiet)
-    session = boto3_session(args.region)
-    plan = deploy.plan_deploy(request, session, client(session, "s3", args.s3_endpoint_url), reporter)
-    for line in plan.lines():
-        print(line)
-    if args.dry_run:
-        print("dry run: nothing was created")
+    aws = connect(args.region)
+    plan = deploy.plan_deploy(request, aws.session, aws.client("s3", args.s3_endpoint_url), reporter)
+    if _print_plan(plan.lines(), args.dry_run, "nothing was created"):
         return 0
     store = DeploymentStore(Path(args.state_dir))
-    state = deploy.run_deploy(plan, client(session, "sagemaker"), store, reporter, wait=args.wait,
+    state = deploy.run_deploy(plan, aws.client("sagemaker"), store, reporter, wait=args.wait,
                               timeout_s=args.timeout, poll_s=args.poll_interval)
     print(f"endpoint {plan.endpoint}: {state.status} ({plan.region}, {plan.instance_type}); state in {store.path(plan.endpoint)}")
-    target = "TargetModel='<name>-v1.tar.gz', " if plan.mode == "multi" else ""
+    target = f"TargetModel='{copy_name('<name>', 1)}', " if plan.mode == "multi" else ""
     print(f"  invoke: boto3.client('sagemaker-runtime', region_name='{plan.region}').invoke_endpoint("
           f"EndpointName='{plan.endpoint}', {target}ContentType='application/json', Body=...)")
     print(f"  it is billed while it exists: mme delete --endpoint {plan.endpoint} [--delete-s3]")
@@ -143,42 +181,30 @@ def run_deploy(args: argparse.Namespace) -> int:
 
 
 def register_delete(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "delete",
-        help="delete an endpoint, its endpoint config and model (and with --delete-s3 its S3 prefix)",
-        description="Deletes what the deployment's state file lists (or what the endpoint refers to), tolerating "
-        "resources that are already gone, then removes the state file. Safe to run twice.",
-    )
+    p = _command(subparsers, "delete", run_delete)
     p.add_argument("--endpoint", required=True, help="endpoint name")
     p.add_argument("--delete-s3", action="store_true", help="also delete every object under the deployment's S3 prefix")
     p.add_argument("--s3", metavar="URI", help="the prefix to delete when no state file records it")
     p.add_argument("--dry-run", action="store_true", help="print what would be deleted")
-    p.add_argument("--state-dir", default=".mme/deployments", help="where deployment state files are (default: %(default)s)")
-    _region_option(p)
-    _s3_endpoint_option(p)
-    p.set_defaults(func=run_delete)
+    _state_dir_option(p, ".mme/deployments", "deployment state files are")
+    _aws_options(p)
 
 
 def run_delete(args: argparse.Namespace) -> int:
-    from serving.deploy import endpoint as deploy
-    from mme.aws.session import boto3_session, client, require_credentials, require_region
+    from serving.deploy import delete
+    from mme.aws.session import connect
     from mme.aws.state import DeploymentStore
 
     store = DeploymentStore(Path(args.state_dir))
     deployment = store.load(args.endpoint)
-    session = boto3_session(args.region or (deployment.region if deployment else None))
-    region = require_region(session)
-    require_credentials(session)
-    sm = client(session, "sagemaker")
-    plan = deploy.plan_delete(args.endpoint, sm, region, deployment, args.delete_s3, args.s3, store.path(args.endpoint))
-    for line in plan.lines():
-        print(line)
-    if args.dry_run:
-        print("dry run: nothing was deleted")
+    aws = connect(args.region or (deployment.region if deployment else None))
+    sm = aws.client("sagemaker")
+    plan = delete.plan_delete(args.endpoint, sm, aws.region, deployment, args.delete_s3, args.s3, store.path(args.endpoint))
+    if _print_plan(plan.lines(), args.dry_run, "nothing was deleted"):
         return 0
     endpoint_url = args.s3_endpoint_url or (deployment.s3_endpoint_url if deployment else None)
-    s3 = client(session, "s3", endpoint_url) if plan.s3_uri else None
-    outcome = deploy.run_delete(plan, sm, s3, store, Reporter(quiet=args.quiet))
+    s3 = aws.client("s3", endpoint_url) if plan.s3_uri else None
+    outcome = delete.run_delete(plan, sm, s3, store, Reporter(quiet=args.quiet))
     print(f"deleted endpoint {args.endpoint}: " + ", ".join(f"{k}: {v}" for k, v in outcome.items()))
     return 0
 
@@ -187,13 +213,7 @@ def run_delete(args: argparse.Namespace) -> int:
 
 
 def register_metrics(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "metrics",
-        help="fetch an endpoint's CloudWatch metrics for a run window and save them (JSON + CSV)",
-        description="GetMetricData at a 60 s period: invocations, latencies, errors, MME model loading and cache, "
-        "CPU/memory/GPU utilisation. With --run the window and endpoint come from the run's run.json and the files "
-        "go into the run directory.",
-    )
+    p = _command(subparsers, "metrics", run_metrics)
     p.add_argument("--endpoint", help="endpoint name (default with --run: the run's endpoint)")
     window = p.add_mutually_exclusive_group(required=True)
     window.add_argument("--run", metavar="RESULTS_DIR", help="a bench run directory (run.json gives started_at/ended_at)")
@@ -201,8 +221,7 @@ def register_metrics(subparsers: Any) -> None:
     p.add_argument("--end", metavar="ISO", help="window end (with --start; default: now)")
     p.add_argument("--variant", default="AllTraffic", help="production variant (default: %(default)s)")
     p.add_argument("--out", help="directory for the files without --run (default: results/metrics-<endpoint>-<start>)")
-    _region_option(p)
-    p.set_defaults(func=run_metrics)
+    _aws_options(p, s3_endpoint=False)
 
 
 def run_metrics(args: argparse.Namespace) -> int:
@@ -210,7 +229,7 @@ def run_metrics(args: argparse.Namespace) -> int:
 
     from serving.deploy import cloudwatch
     from mme.aws.errors import AwsError
-    from mme.aws.session import boto3_session, client, require_credentials, require_region
+    from mme.aws.session import connect
 
     reporter = Reporter(quiet=args.quiet)
     region = args.region
@@ -240,10 +259,9 @@ def run_metrics(args: argparse.Namespace) -> int:
     window = cloudwatch.Window.around(start, end)
     for note in cloudwatch.window_warnings(window):
         reporter.warn(note)
-    session = boto3_session(region)
-    region = require_region(session)
-    require_credentials(session)
-    report = cloudwatch.fetch(client(session, "cloudwatch"), endpoint, args.variant, window, region)
+    aws = connect(region)
+    region = aws.region
+    report = cloudwatch.fetch(aws.client("cloudwatch"), endpoint, args.variant, window, region)
     for line in cloudwatch.summary_lines(report):
         print(line)
     if report.points == 0:
@@ -262,12 +280,7 @@ def run_metrics(args: argparse.Namespace) -> int:
 
 
 def register_compile(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "compile",
-        help="build a TensorRT plan from an ONNX artifact in a SageMaker training job on the target GPU",
-        description="Runs a training job on --instance-type in the serving image (so TensorRT version and GPU match "
-        "the endpoint), downloads the plan into artifacts/<model>/tensorrt/ and writes its manifest.",
-    )
+    p = _command(subparsers, "compile", run_compile)
     p.add_argument("--on", required=True, choices=("sagemaker",), help="where to build: sagemaker (a training job)")
     p.add_argument("--instance-type", required=True, help="the GPU instance type you will serve on, e.g. ml.g5.2xlarge")
     p.add_argument("--artifact", required=True, help="artifacts/<model>/onnx made by 'mme package --formats onnx'")
@@ -284,19 +297,16 @@ def register_compile(subparsers: Any) -> None:
     p.add_argument("--out", help="artifact directory to write (default: artifacts/<model>/tensorrt)")
     p.add_argument("--retry", action="store_true", help="start a new job after a failed or stopped one")
     p.add_argument("--dry-run", action="store_true", help="print the job request; upload and create nothing")
-    p.add_argument("--timeout", type=positive_float, default=5400.0, metavar="S", help="give up waiting after S seconds (5400)")
-    p.add_argument("--poll-interval", type=positive_float, default=30.0, metavar="S", help="seconds between status checks (30)")
+    _wait_options(p, 5400.0)
     p.add_argument("--max-runtime", type=positive_int, default=3600, metavar="S", help="the job's MaxRuntimeInSeconds (3600)")
     p.add_argument("--volume-gb", type=positive_int, default=30, help="the job's disk (30)")
-    p.add_argument("--state-dir", default=".mme/compile", help="where compile state files go (default: %(default)s)")
-    _region_option(p)
-    _s3_endpoint_option(p)
-    p.set_defaults(func=run_compile)
+    _state_dir_option(p, ".mme/compile", "compile state files go")
+    _aws_options(p)
 
 
 def run_compile(args: argparse.Namespace) -> int:
     from packager.remote import compile as remote
-    from mme.aws.session import boto3_session, client, require_credentials, require_region
+    from mme.aws.session import connect
     from mme.aws.state import StateDir
 
     request = remote.CompileRequest(
@@ -310,18 +320,13 @@ def run_compile(args: argparse.Namespace) -> int:
     remote.check_request(request)
     artifact = remote.load_onnx_artifact(request.artifact)
     reporter = Reporter(quiet=args.quiet)
-    session = boto3_session(args.region)
-    region = require_region(session)
-    require_credentials(session)
-    s3 = client(session, "s3", args.s3_endpoint_url)
+    aws = connect(args.region)
+    s3 = aws.client("s3", args.s3_endpoint_url)
     store = StateDir(Path(args.state_dir), "compile job")
-    plan = remote.plan_compile(request, region, s3, store, artifact, reporter)
-    for line in plan.lines():
-        print(line)
-    if args.dry_run:
-        print("dry run: nothing was uploaded or started")
+    plan = remote.plan_compile(request, aws.region, s3, store, artifact, reporter)
+    if _print_plan(plan.lines(), args.dry_run, "nothing was uploaded or started"):
         return 0
-    out = remote.run_compile(plan, artifact, client(session, "sagemaker"), s3, store, reporter,
+    out = remote.run_compile(plan, artifact, aws.client("sagemaker"), s3, store, reporter,
                              timeout_s=args.timeout, poll_s=args.poll_interval)
     print(f"written {out} (TensorRT plan built on {plan.instance_type}; manifest.json records the TensorRT version and GPU)")
     return 0

@@ -1,4 +1,5 @@
-"""``mme deploy`` / ``mme delete``: a SageMaker endpoint on the Triton image, and its removal.
+"""``mme deploy``: a SageMaker endpoint on the Triton image (its removal, ``mme delete``, is
+in ``serving.deploy.delete``; the three resources' calls in ``serving.deploy.resources``).
 
 Deploy = CreateModel (``Mode: MultiModel`` with the S3 prefix as ``ModelDataUrl``, or one
 tarball for ``--mode single``) -> CreateEndpointConfig (one variant) -> CreateEndpoint ->
@@ -14,31 +15,22 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from mme.polling import poll_until
 from mme.progress import Reporter
 from mme.versions import release as triton_release, require_sagemaker_image
-from mme.aws.errors import AwsError, DeployError, EndpointFailed, Interrupted, S3Error, WaitTimeout
+from mme.aws.errors import DeployError, EndpointFailed, Interrupted, S3Error, WaitTimeout
 from mme.aws.images import check_image_uri, triton_image_uri
 from serving.instances import instance_gpu
-from mme.aws.session import (
-    S3Uri,
-    aws_errors,
-    check_bucket,
-    check_instance_type,
-    check_role_arn,
-    error_code,
-    explain,
-    is_not_found,
-    matches_shape,
-    require_credentials,
-    require_region,
-    s3_fail,
-)
-from mme.aws.state import DEFAULT_DEPLOYMENTS_DIR, KINDS, Deployment, DeploymentStore, Resource, now_iso
-from serving.copies import _COPY
+from mme.aws.session import (S3Uri, aws_errors, check_bucket, check_instance_type, check_role_arn, error_code,
+                             matches_shape, require_credentials, require_region, s3_fail)
+from mme.aws.state import (DEFAULT_DEPLOYMENTS_DIR, Deployment, DeploymentSpec, DeploymentStore, DeploymentTracker,
+                           Resource, now_iso)
+from serving.copies import is_copy
+from serving.deploy.resources import CREATION_ORDER, ENDPOINT, SageMakerResource, create, describe
 
 MULTI, SINGLE = "multi", "single"
 VARIANT = "AllTraffic"
@@ -70,16 +62,9 @@ class DeployRequest:
 
 
 @dataclass(frozen=True)
-class DeployPlan:
-    endpoint: str
+class DeployPlan(DeploymentSpec):
     endpoint_config: str
     model: str
-    region: str
-    mode: str
-    s3_uri: str
-    model_data_url: str
-    instance_type: str
-    image_uri: str
     create_model: dict
     create_endpoint_config: dict
     create_endpoint: dict
@@ -93,6 +78,11 @@ class DeployPlan:
             "CreateEndpoint": self.create_endpoint,
         }
 
+    def request_for(self, kind: str) -> dict:
+        """The create request of one resource kind ("model", "endpoint-config", "endpoint")."""
+        return {"model": self.create_model, "endpoint-config": self.create_endpoint_config,
+                "endpoint": self.create_endpoint}[kind]
+
     def lines(self) -> list[str]:
         head = [
             f"deploy plan: endpoint {self.endpoint} in {self.region} ({self.mode}-model, {self.instance_type})",
@@ -105,17 +95,9 @@ class DeployPlan:
 
     def new_state(self) -> Deployment:
         stamp = now_iso()
-        resources = (
-            Resource("model", self.model, "planned"),
-            Resource("endpoint-config", self.endpoint_config, "planned"),
-            Resource("endpoint", self.endpoint, "planned"),
-        )
-        return Deployment(
-            endpoint=self.endpoint, region=self.region, mode=self.mode, s3_uri=self.s3_uri,
-            model_data_url=self.model_data_url, instance_type=self.instance_type, image_uri=self.image_uri,
-            resources=resources, status="planned", created_at=stamp, updated_at=stamp,
-            s3_endpoint_url=self.s3_endpoint_url,
-        )
+        resources = tuple(Resource(r.kind, self.request_for(r.kind)[r.name_param], "planned") for r in CREATION_ORDER)
+        return Deployment(**self.spec(), resources=resources, status="planned", created_at=stamp, updated_at=stamp,
+                          s3_endpoint_url=self.s3_endpoint_url)
 
 
 # --- checks that need no AWS call ------------------------------------------------------
@@ -228,7 +210,7 @@ def plan_deploy(request: DeployRequest, session: Any, s3: Any, reporter: Reporte
     if request.mode == SINGLE:
         target = request.target or target
         if target is None:
-            bases = [n for n in found if not _COPY.match(n)]
+            bases = [n for n in found if not is_copy(n)]
             if len(bases) != 1:
                 raise DeployError(
                     f"--mode single needs one tarball but {uri} holds {len(bases)} ({', '.join(bases[:5])}); "
@@ -286,45 +268,6 @@ def plan_deploy(request: DeployRequest, session: Any, s3: Any, reporter: Reporte
 # --- carrying it out ----------------------------------------------------------------
 
 
-class _Tracker:
-    """The deployment's state, saved on every change."""
-
-    def __init__(self, store: DeploymentStore, deployment: Deployment) -> None:
-        self.store = store
-        self.deployment = deployment
-        self.store.save(deployment)
-
-    def mark(self, kind: str, status: str) -> None:
-        self.deployment = self.deployment.with_resource(kind, status)
-        self.store.save(self.deployment)
-
-    def found(self, kind: str) -> None:
-        """The resource exists: ours if a run of this deployment asked for it, else it was there before."""
-        current = self.deployment.resource(kind).status
-        if current in ("planned", "requested"):
-            self.mark(kind, "existing" if current == "planned" else "created")
-
-    def status(self, status: str, reason: str | None = None) -> None:
-        self.deployment = self.deployment.with_status(status, reason)
-        self.store.save(self.deployment)
-
-
-def _describe(call: Callable[..., dict], what: str, **kwargs: Any) -> dict | None:
-    try:
-        return call(**kwargs)
-    except aws_errors() as exc:
-        if is_not_found(exc):
-            return None
-        raise DeployError(explain(exc, "describe", what, "sagemaker:Describe*")) from None
-
-
-def _create(call: Callable[..., dict], what: str, permission: str, request: dict) -> dict:
-    try:
-        return call(**request)
-    except aws_errors() as exc:
-        raise DeployError(explain(exc, "create", what, permission)) from None
-
-
 def _conflict(kind: str, name: str, field_name: str, found: Any, wanted: Any, endpoint: str) -> DeployError:
     return DeployError(
         f"{kind} {name} already exists with {field_name} {found} (this deploy wants {wanted}); remove it with "
@@ -332,76 +275,51 @@ def _conflict(kind: str, name: str, field_name: str, found: Any, wanted: Any, en
     )
 
 
-def _ensure_model(sm: Any, plan: DeployPlan, tracker: _Tracker, reporter: Reporter) -> None:
-    existing = _describe(sm.describe_model, f"model {plan.model}", ModelName=plan.model)
+def _endpoint_in_use(existing: dict, plan: DeployPlan, tracker: DeploymentTracker) -> str:
+    """An existing endpoint is carried on from unless it has Failed or is going away."""
+    status = existing.get("EndpointStatus")
+    if status == "Failed":
+        reason = existing.get("FailureReason", "no reason given")
+        tracker.status("Failed", reason)
+        raise EndpointFailed(
+            f"endpoint {plan.endpoint} exists and has Failed: {reason}; remove it with 'mme delete --endpoint {plan.endpoint}' and deploy again"
+        )
+    if status == "Deleting":
+        raise DeployError(f"endpoint {plan.endpoint} is being deleted; wait until it is gone, then run mme deploy again")
+    return f"exists ({status})"
+
+
+def _ensure(sm: Any, resource: SageMakerResource, plan: DeployPlan, tracker: DeploymentTracker, reporter: Reporter) -> None:
+    """Keep the resource when one of that name matches the plan, refuse when it differs, else create it."""
+    request = plan.request_for(resource.kind)
+    name = request[resource.name_param]
+    existing = describe(sm, resource, name)
     if existing is not None:
-        container = existing.get("PrimaryContainer") or (existing.get("Containers") or [{}])[0]
-        wanted = plan.create_model["PrimaryContainer"]
-        for key in ("ModelDataUrl", "Image", "Mode"):
-            if container.get(key) != wanted[key]:
-                raise _conflict("model", plan.model, key, container.get(key), wanted[key], plan.endpoint)
-        tracker.found("model")
-        reporter.info(f"  model {plan.model}: exists, kept")
+        conflict = resource.conflicts(existing, request)
+        if conflict is not None:
+            raise _conflict(resource.label, name, *conflict, plan.endpoint)
+        note = _endpoint_in_use(existing, plan, tracker) if resource is ENDPOINT else "exists, kept"
+        tracker.found(resource.kind)
+        reporter.info(f"  {resource.what(name)}: {note}")
         return
-    tracker.mark("model", "requested")
-    _create(sm.create_model, f"model {plan.model}", "sagemaker:CreateModel and iam:PassRole on the role", plan.create_model)
-    tracker.mark("model", "created")
-    reporter.info(f"  model {plan.model}: created")
-
-
-def _ensure_endpoint_config(sm: Any, plan: DeployPlan, tracker: _Tracker, reporter: Reporter) -> None:
-    name = plan.endpoint_config
-    existing = _describe(sm.describe_endpoint_config, f"endpoint config {name}", EndpointConfigName=name)
-    if existing is not None:
-        variant = (existing.get("ProductionVariants") or [{}])[0]
-        wanted = plan.create_endpoint_config["ProductionVariants"][0]
-        for key in ("ModelName", "InstanceType"):
-            if variant.get(key) != wanted[key]:
-                raise _conflict("endpoint config", name, key, variant.get(key), wanted[key], plan.endpoint)
-        tracker.found("endpoint-config")
-        reporter.info(f"  endpoint config {name}: exists, kept")
-        return
-    tracker.mark("endpoint-config", "requested")
-    _create(sm.create_endpoint_config, f"endpoint config {name}", "sagemaker:CreateEndpointConfig", plan.create_endpoint_config)
-    tracker.mark("endpoint-config", "created")
-    reporter.info(f"  endpoint config {name}: created")
-
-
-def _ensure_endpoint(sm: Any, plan: DeployPlan, tracker: _Tracker, reporter: Reporter) -> None:
-    existing = _describe(sm.describe_endpoint, f"endpoint {plan.endpoint}", EndpointName=plan.endpoint)
-    if existing is not None:
-        if existing.get("EndpointConfigName") != plan.endpoint_config:
-            raise _conflict("endpoint", plan.endpoint, "EndpointConfigName", existing.get("EndpointConfigName"),
-                            plan.endpoint_config, plan.endpoint)
-        status = existing.get("EndpointStatus")
-        if status == "Failed":
-            reason = existing.get("FailureReason", "no reason given")
-            tracker.status("Failed", reason)
-            raise EndpointFailed(
-                f"endpoint {plan.endpoint} exists and has Failed: {reason}; remove it with 'mme delete --endpoint {plan.endpoint}' and deploy again"
-            )
-        if status == "Deleting":
-            raise DeployError(f"endpoint {plan.endpoint} is being deleted; wait until it is gone, then run mme deploy again")
-        tracker.found("endpoint")
-        reporter.info(f"  endpoint {plan.endpoint}: exists ({status})")
-        return
-    tracker.mark("endpoint", "requested")
-    _create(sm.create_endpoint, f"endpoint {plan.endpoint}", "sagemaker:CreateEndpoint", plan.create_endpoint)
-    tracker.mark("endpoint", "created")
-    reporter.info(f"  endpoint {plan.endpoint}: creation started (GPU endpoints usually take 5-15 minutes)")
+    tracker.mark(resource.kind, "requested")
+    create(sm, resource, request)
+    tracker.mark(resource.kind, "created")
+    reporter.info(f"  {resource.what(name)}: {resource.created_note}")
 
 
 def wait_for_endpoint(sm: Any, endpoint: str, timeout_s: float, poll_s: float, reporter: Reporter,
                       sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> dict:
     """Poll DescribeEndpoint until InService; Failed -> EndpointFailed with SageMaker's FailureReason."""
-    start = clock()
-    while True:
-        desc = _describe(sm.describe_endpoint, f"endpoint {endpoint}", EndpointName=endpoint)
-        elapsed = clock() - start
+    status = "unknown"
+
+    def check(elapsed: Callable[[], float]) -> dict | None:
+        nonlocal status
+        desc = describe(sm, ENDPOINT, endpoint)
         if desc is None:
             raise DeployError(f"endpoint {endpoint} disappeared while waiting for it (deleted elsewhere?); run mme deploy again")
         status = desc.get("EndpointStatus", "unknown")
-        reporter.info(f"  endpoint {endpoint}: {status} ({elapsed:.0f} s)")
+        reporter.info(f"  endpoint {endpoint}: {status} ({elapsed():.0f} s)")
         if status == "InService":
             return desc
         if status in FAILED_STATES:
@@ -409,12 +327,15 @@ def wait_for_endpoint(sm: Any, endpoint: str, timeout_s: float, poll_s: float, r
                 f"endpoint {endpoint} {status}: {desc.get('FailureReason', 'no reason given')}; its logs are in CloudWatch "
                 f"/aws/sagemaker/Endpoints/{endpoint}; remove it with 'mme delete --endpoint {endpoint}'"
             )
-        if elapsed + poll_s > timeout_s:
-            raise WaitTimeout(
-                f"endpoint {endpoint} still {status} after {elapsed:.0f} s (--timeout {timeout_s:.0f}); it keeps going in "
-                f"the background: run the same mme deploy again to wait more, or 'mme delete --endpoint {endpoint}'"
-            )
-        sleep(poll_s)
+        return None
+
+    def timed_out(elapsed: float) -> WaitTimeout:
+        return WaitTimeout(
+            f"endpoint {endpoint} still {status} after {elapsed:.0f} s (--timeout {timeout_s:.0f}); it keeps going in "
+            f"the background: run the same mme deploy again to wait more, or 'mme delete --endpoint {endpoint}'"
+        )
+
+    return poll_until(check, timeout_s=timeout_s, interval_s=poll_s, on_timeout=timed_out, sleep=sleep, clock=clock)
 
 
 def run_deploy(plan: DeployPlan, sm: Any, store: DeploymentStore, reporter: Reporter, *, wait: bool = True,
@@ -427,12 +348,11 @@ def run_deploy(plan: DeployPlan, sm: Any, store: DeploymentStore, reporter: Repo
             f"{store.path(plan.endpoint)} records endpoint {plan.endpoint} for {previous.model_data_url} on "
             f"{previous.instance_type} ({previous.mode}); delete it first (mme delete --endpoint {plan.endpoint}) or choose another --name"
         )
-    tracker = _Tracker(store, (previous or plan.new_state()).with_status("deploying"))
+    tracker = DeploymentTracker(store, (previous or plan.new_state()).with_status("deploying"))
     reporter.info(f"==> deploying {plan.endpoint} ({plan.instance_type}, {plan.mode}-model) in {plan.region}; state in {plan.state_path}")
     try:
-        _ensure_model(sm, plan, tracker, reporter)
-        _ensure_endpoint_config(sm, plan, tracker, reporter)
-        _ensure_endpoint(sm, plan, tracker, reporter)
+        for resource in CREATION_ORDER:
+            _ensure(sm, resource, plan, tracker, reporter)
         if not wait:
             tracker.status("Creating")
             return tracker.deployment
@@ -452,116 +372,3 @@ def run_deploy(plan: DeployPlan, sm: Any, store: DeploymentStore, reporter: Repo
             f"interrupted; what may have been created is listed in {store.path(plan.endpoint)}: remove it with "
             f"'mme delete --endpoint {plan.endpoint}' or run the same mme deploy again to carry on"
         ) from None
-
-
-# --- delete -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DeletePlan:
-    endpoint: str
-    region: str
-    resources: tuple[tuple[str, str], ...]  # (kind, name) in deletion order
-    s3_uri: str | None  # prefix (or object) to delete, when --delete-s3
-    state_path: Path | None
-    notes: tuple[str, ...] = field(default_factory=tuple)
-
-    def lines(self) -> list[str]:
-        out = [f"delete plan for endpoint {self.endpoint} in {self.region}"]
-        out += [f"  delete {kind} {name}" for kind, name in self.resources]
-        if self.s3_uri:
-            out.append(f"  delete every object under {self.s3_uri}")
-        if self.state_path:
-            out.append(f"  remove state file {self.state_path}")
-        out += [f"  note: {n}" for n in self.notes]
-        return out
-
-
-def plan_delete(endpoint: str, sm: Any, region: str, deployment: Deployment | None, delete_s3: bool,
-                s3_override: str | None, state_path: Path) -> DeletePlan:
-    s3_uri = None
-    if delete_s3:  # checked before any call
-        s3_uri = s3_override or (deployment.s3_uri if deployment is not None else None)
-        if s3_uri is None:
-            raise DeployError(f"--delete-s3: no state file for {endpoint} records its S3 prefix; pass --s3 s3://bucket/prefix")
-        uri = S3Uri.parse(s3_uri, "--s3" if s3_override else "the state file's s3_uri")
-        if not uri.prefix:
-            raise DeployError(f"--delete-s3 refuses to empty the whole bucket {uri.bucket}; the deployment's prefix must not be the bucket root")
-        s3_uri = uri.url()
-    notes: list[str] = []
-    if deployment is not None:
-        by_kind = {r.kind: r.name for r in deployment.resources}
-        resources = tuple((kind, by_kind[kind]) for kind in KINDS if kind in by_kind)
-    else:
-        desc = _describe(sm.describe_endpoint, f"endpoint {endpoint}", EndpointName=endpoint)
-        if desc is not None:
-            config = desc["EndpointConfigName"]
-            cfg = _describe(sm.describe_endpoint_config, f"endpoint config {config}", EndpointConfigName=config)
-            models = [v["ModelName"] for v in (cfg or {}).get("ProductionVariants", ()) if v.get("ModelName")]
-            resources = (("endpoint", endpoint), ("endpoint-config", config)) + tuple(("model", m) for m in models)
-        else:
-            notes.append(f"no state file and no endpoint {endpoint}: trying the names mme deploy gives")
-            resources = (("endpoint", endpoint), ("endpoint-config", f"{endpoint}-config"), ("model", f"{endpoint}-model"))
-    return DeletePlan(endpoint, region, resources, s3_uri, state_path if deployment is not None else None, tuple(notes))
-
-
-_DELETE_CALLS = {
-    "endpoint": ("delete_endpoint", "EndpointName", "sagemaker:DeleteEndpoint"),
-    "endpoint-config": ("delete_endpoint_config", "EndpointConfigName", "sagemaker:DeleteEndpointConfig"),
-    "model": ("delete_model", "ModelName", "sagemaker:DeleteModel"),
-}
-
-
-def delete_prefix(s3: Any, uri: S3Uri) -> int:
-    """Delete every object under the prefix (and abort its pending multipart uploads)."""
-    deleted = 0
-    try:
-        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=uri.bucket, Prefix=uri.prefix):
-            keys = [{"Key": obj["Key"]} for obj in page.get("Contents", ())]
-            if not keys:
-                continue
-            reply = s3.delete_objects(Bucket=uri.bucket, Delete={"Objects": keys, "Quiet": True})
-            errors = reply.get("Errors", ())
-            if errors:
-                first = errors[0]
-                raise S3Error(
-                    f"could not delete {len(errors)} objects under {uri} (first: {first.get('Key')}: {first.get('Code')}); "
-                    "grant s3:DeleteObject on the prefix and run mme delete again"
-                )
-            deleted += len(keys)
-        for upload in s3.list_multipart_uploads(Bucket=uri.bucket, Prefix=uri.prefix).get("Uploads", ()):
-            s3.abort_multipart_upload(Bucket=uri.bucket, Key=upload["Key"], UploadId=upload["UploadId"])
-    except aws_errors() as exc:
-        raise s3_fail(exc, "delete objects under", uri.url(), "s3:ListBucket and s3:DeleteObject") from None
-    return deleted
-
-
-def run_delete(plan: DeletePlan, sm: Any, s3: Any | None, store: DeploymentStore, reporter: Reporter) -> dict[str, str]:
-    """Delete each resource (a missing one counts as deleted), then the S3 prefix, then the state file."""
-    outcome: dict[str, str] = {}
-    deployment = store.load(plan.endpoint)
-    for kind, name in plan.resources:
-        method, param, permission = _DELETE_CALLS[kind]
-        try:
-            getattr(sm, method)(**{param: name})
-            outcome[f"{kind} {name}"] = "deleted"
-            reporter.info(f"  {kind} {name}: deleted")
-        except aws_errors() as exc:
-            if not is_not_found(exc):
-                raise DeployError(
-                    explain(exc, "delete", f"{kind} {name}", permission) + f"; then run mme delete --endpoint {plan.endpoint} again"
-                ) from None
-            outcome[f"{kind} {name}"] = "not found"
-            reporter.info(f"  {kind} {name}: not found (already gone)")
-        if deployment is not None and any(r.kind == kind for r in deployment.resources):
-            deployment = deployment.with_resource(kind, "deleted")
-            store.save(deployment)
-    if plan.s3_uri:
-        if s3 is None:
-            raise AwsError("internal: --delete-s3 without an S3 client")
-        count = delete_prefix(s3, S3Uri.parse(plan.s3_uri))
-        outcome[plan.s3_uri] = f"{count} objects deleted"
-        reporter.info(f"  {plan.s3_uri}: {count} objects deleted")
-    if store.remove(plan.endpoint):
-        reporter.info(f"  state file {store.path(plan.endpoint)}: removed")
-    return outcome

@@ -25,7 +25,7 @@ from mme.aws.s3 import (
     MIB, SHA_KEY, TransferHooks, TransferSettings, copy_object, head, matches, upload_file, verify,
 )
 from mme.aws.session import S3Uri, aws_errors, check_bucket, s3_fail
-from serving.copies import _COPY, copy_name
+from serving.copies import copy_name, parse_copy_name
 
 @dataclass(frozen=True)
 class Artifact:
@@ -188,8 +188,8 @@ def _stale_copies(s3: Any, destination: S3Uri, base_name: str, copies: int) -> t
         pages = s3.get_paginator("list_objects_v2").paginate(Bucket=destination.bucket, Prefix=destination.key(stem + "-v"))
         for page in pages:
             for obj in page.get("Contents", ()):
-                match = _COPY.match(obj["Key"][len(destination.prefix):])
-                if match and match["stem"] == stem and int(match["index"]) > copies:
+                parsed = parse_copy_name(obj["Key"][len(destination.prefix):])
+                if parsed is not None and parsed.stem == stem and parsed.index > copies:
                     stale.append(obj["Key"])
     except aws_errors() as exc:
         raise s3_fail(exc, "list", destination.url(), "s3:ListBucket") from None

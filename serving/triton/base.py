@@ -1,4 +1,4 @@
-"""The Triton server interface the local MME serves through, and its shared machinery.
+"""The Triton server interface the local MME serves through, and its process lifecycle.
 
 A :class:`TritonServer` runs one ``tritonserver`` the way SageMaker's Triton image starts it
 in multi-model mode (its ``serve`` script: :mod:`serving.triton.sagemaker_serve`, honouring the
@@ -8,7 +8,10 @@ front end drives them.
 
 Subclasses say how the process is launched (:meth:`TritonServer.command` and
 :meth:`TritonServer._environment`); this module starts it in its own process group, waits
-for ``GET /ping``, and stops the whole group (python-backend stub processes included).
+for ``GET /ping`` (:func:`mme.polling.poll_until`), and stops the whole group (python-backend
+stub processes included). Its configuration and errors live in :mod:`serving.triton.config`,
+the process-group machinery and probes in :mod:`serving.triton.processes`; both are
+importable from here too.
 """
 
 from __future__ import annotations
@@ -16,23 +19,42 @@ from __future__ import annotations
 import abc
 import contextlib
 import os
-import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import uuid
-from dataclasses import dataclass, field, replace
-from pathlib import Path, PurePosixPath
-from typing import IO, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Callable, Sequence
 
 import psutil
 
-from mme.errors import MmeError
+from mme.polling import poll_until
+from serving.container import ping_status
+from serving.triton.config import (
+    DEFAULT_SAGEMAKER_PORT,
+    SAGEMAKER_MODEL_ROOT,
+    SAGEMAKER_ROOT_REQUIRED_SINCE,
+    ModelRootError,
+    TritonServerConfig,
+    TritonServerError,
+    TritonStartupError,
+    free_ports,
+    parse_version,
+    resolve_ports,
+)
+from serving.triton.processes import (
+    INSTANCE_ENV,
+    OWNER_ENV,
+    alive,
+    log_tail,
+    owner_tag,
+    process_group_members,
+    sweep_orphans,
+    terminate_group,
+    tree_of,
+)
 from serving.triton.sagemaker_serve import (
     config_arguments,
     drop_unsupported,
@@ -44,178 +66,12 @@ from serving.triton.sagemaker_serve import (
     supported_flags,
 )
 
-DEFAULT_SAGEMAKER_PORT = 8080
-INSTANCE_ENV = "MME_TRITON_INSTANCE"  # marks the processes of one TritonServer object
-OWNER_ENV = "MME_TRITON_OWNER"  # "<pid>:<create time>" of the process that started them
-# Where SageMaker puts each target: <root>/<hash>/model. Triton 2.70+ refuses (400) a load
-# url outside it (src/sagemaker_server.cc: model_path_regex_).
-SAGEMAKER_MODEL_ROOT = PurePosixPath("/opt/ml/models")
-SAGEMAKER_ROOT_REQUIRED_SINCE = (2, 70)
-_ERROR_LINE = re.compile(r"[EF]\d{4} ")  # Triton's error/fatal log lines: E1203 08:11:13.24 ...
-
-
-class TritonServerError(MmeError):
-    """The Triton server could not be prepared, started or reached."""
-
-
-class TritonStartupError(TritonServerError):
-    """tritonserver exited or did not answer ``GET /ping`` in time."""
-
-
-class ModelRootError(TritonServerError):
-    """The model cache is somewhere this server cannot load models from."""
-
-
-def parse_version(text: str | None) -> tuple[int, ...] | None:
-    """``"2.71.0"`` -> (2, 71, 0); None for anything else."""
-    parts = (text or "").strip().split(".")
-    if len(parts) < 2 or not all(p.isdigit() for p in parts):
-        return None
-    return tuple(int(p) for p in parts)
-
-
-@dataclass(frozen=True)
-class TritonServerConfig:
-    """How to run one Triton server. Port 0 means: pick a free port at start().
-
-    The server is started as SageMaker's ``serve`` script starts it; ``sagemaker_env`` holds
-    its ``SAGEMAKER_TRITON_*`` settings (and any other variable for the server's environment).
-    A gRPC or metrics port given here becomes ``SAGEMAKER_TRITON_ALLOW_GRPC``/``_GRPC_PORT``
-    (``_ALLOW_METRICS``/``_METRICS_PORT``) unless ``sagemaker_env`` or ``env`` sets them.
-    """
-
-    sagemaker_port: int = DEFAULT_SAGEMAKER_PORT  # the MME contract (SAGEMAKER_BIND_TO_PORT)
-    http_port: int | None = 0  # Triton's own KServe v2 HTTP API; None: off, as in SageMaker's image
-    grpc_port: int | None = 0  # None: gRPC off (unless SAGEMAKER_TRITON_ALLOW_GRPC says otherwise)
-    metrics_port: int | None = 0  # None: Prometheus metrics off (unless SAGEMAKER_TRITON_ALLOW_METRICS)
-    host: str = "127.0.0.1"  # Triton 2.51's SageMaker service ignores it and binds 0.0.0.0
-    log_dir: Path | None = None  # None: a temporary directory removed by stop()
-    log_verbose: int | None = None  # None: serve's (SAGEMAKER_TRITON_LOG_VERBOSE, default true)
-    env: Mapping[str, str] = field(default_factory=dict, hash=False)  # extra environment
-    sagemaker_env: Mapping[str, str] = field(default_factory=dict, hash=False)  # SAGEMAKER_TRITON_* etc.
-    extra_args: tuple[str, ...] = ()  # after everything, SAGEMAKER_TRITON_ADDITIONAL_ARGS included
-    startup_timeout_s: float = 60.0
-    stop_grace_s: float = 10.0  # SIGTERM, then SIGKILL after this long
-
-    def ports(self) -> dict[str, int | None]:
-        return {
-            "sagemaker": self.sagemaker_port,
-            "http": self.http_port,
-            "grpc": self.grpc_port,
-            "metrics": self.metrics_port,
-        }
-
-
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct ports free on ``host`` now (all held open together, then released)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((host, 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def resolve_ports(config: TritonServerConfig) -> TritonServerConfig:
-    """The config with every port given as 0 replaced by a free port."""
-    wanted = [name for name, port in config.ports().items() if port == 0]
-    if not wanted:
-        return config
-    chosen = dict(zip(wanted, free_ports(len(wanted), config.host)))
-    return replace(
-        config,
-        sagemaker_port=chosen.get("sagemaker", config.sagemaker_port),
-        http_port=chosen.get("http", config.http_port),
-        grpc_port=chosen.get("grpc", config.grpc_port),
-        metrics_port=chosen.get("metrics", config.metrics_port),
-    )
-
-
-def log_tail(path: Path, lines: int = 6, max_chars: int = 1500) -> str:
-    """The last non-empty lines of a log as one line (`` | `` between lines), after the last
-    two error lines when they come earlier (serve's ``--log-verbose=true`` buries them)."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - 256 * 1024))
-            text = fh.read().decode("utf-8", errors="replace")
-    except FileNotFoundError:
-        return "(no log written)"
-    # Whitespace collapsed (Triton pads its tables to ~250 columns), table borders dropped.
-    squeezed = (" ".join(line.split()) for line in text.splitlines())
-    kept = [line for line in squeezed if line and not line.startswith("+-")]
-    tail = kept[-lines:]
-    errors = [line for line in kept[:-lines] if _ERROR_LINE.match(line)][-2:]
-    shown = [*errors, "...", *tail] if errors else tail
-    width = max(80, max_chars // max(1, len(shown)))
-    return " | ".join(line[:width] for line in shown) or "(log is empty)"
-
-
-def ping_status(url: str, timeout_s: float = 2.0) -> int | None:
-    """HTTP status of ``GET url/ping``, or None when nothing answers."""
-    try:
-        with urllib.request.urlopen(f"{url}/ping", timeout=timeout_s) as response:
-            return response.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except (urllib.error.URLError, ConnectionError, TimeoutError, socket.timeout):
-        return None
-
-
-def alive(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def process_group_members(pgid: int, instance_id: str) -> list[psutil.Process]:
-    """Live processes of process group ``pgid`` that carry ``INSTANCE_ENV=instance_id``
-    (children orphaned by a killed server included). The check of the variable, which every
-    child inherits, guards against an unrelated group that reused the number."""
-    members = []
-    for proc in psutil.process_iter():
-        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
-            if os.getpgid(proc.pid) == pgid and alive(proc) and proc.environ().get(INSTANCE_ENV) == instance_id:
-                members.append(proc)
-    return members
-
-
-def _owner_tag(proc: psutil.Process) -> str:
-    return f"{proc.pid}:{proc.create_time():.3f}"
-
-
-def _owner_alive(tag: str) -> bool:
-    pid, _, created = tag.partition(":")
-    try:
-        return _owner_tag(psutil.Process(int(pid))) == tag
-    except (psutil.Error, ValueError):
-        return False
-
-
-def sweep_orphans() -> list[int]:
-    """Kill Triton servers and workers left by an mme process that died without stopping them
-    (SIGKILL, OOM killer): processes of this user carrying :data:`OWNER_ENV` whose owner is gone.
-    Returns their pids. Run before each start, so a killed ``mme serve`` leaks them only until
-    the next one."""
-    me = os.getuid()
-    orphans = []
-    for proc in psutil.process_iter(["uids"]):
-        with contextlib.suppress(psutil.Error):
-            if proc.info["uids"] is None or proc.info["uids"].real != me:
-                continue
-            tag = proc.environ().get(OWNER_ENV)
-            if tag and not _owner_alive(tag) and alive(proc):
-                orphans.append(proc)
-    for proc in orphans:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    psutil.wait_procs(orphans, timeout=10)
-    return [p.pid for p in orphans]
+__all__ = [  # the configuration and process helpers stay importable from here
+    "DEFAULT_SAGEMAKER_PORT", "INSTANCE_ENV", "OWNER_ENV", "SAGEMAKER_MODEL_ROOT", "SAGEMAKER_ROOT_REQUIRED_SINCE",
+    "ModelRootError", "TritonServer", "TritonServerConfig", "TritonServerError", "TritonStartupError", "alive",
+    "free_ports", "log_tail", "parse_version", "process_group_members", "resolve_ports",
+    "sweep_orphans",
+]
 
 
 class TritonServer(abc.ABC):
@@ -336,7 +192,7 @@ class TritonServer(abc.ABC):
         log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = self.command(repository)
         self.swept = sweep_orphans()
-        env = {**self._environment(), INSTANCE_ENV: self.instance_id, OWNER_ENV: _owner_tag(psutil.Process())}
+        env = {**self._environment(), INSTANCE_ENV: self.instance_id, OWNER_ENV: owner_tag(psutil.Process())}
         if not self._notices_done:
             self.notices.extend(self._startup_notices())
             self._notices_done = True
@@ -364,28 +220,27 @@ class TritonServer(abc.ABC):
         self.startup_s = time.monotonic() - started
 
     def _wait_until_healthy(self, started: float) -> None:
-        deadline = started + self.config.startup_timeout_s
+        """Return once ``GET /ping`` answers 200; TritonStartupError (the log's last lines in it)
+        when the process exits first or ``startup_timeout_s`` passes. start() then stops it."""
         proc, log_path = self._proc, self.log_path
         assert proc is not None and log_path is not None  # called by start() right after Popen
-        while True:
+
+        def healthy(elapsed: Callable[[], float]) -> bool | None:
             code = proc.poll()
             if code is not None:
-                tail = log_tail(log_path)
-                self.stop()
-                raise TritonStartupError(
-                    f"tritonserver exited with code {code} before answering GET /ping; last log lines: {tail}"
-                )
-            if ping_status(self.sagemaker_url, timeout_s=1.0) == 200:
-                return
-            if time.monotonic() > deadline:
-                tail = log_tail(log_path)
-                self.stop()
-                raise TritonStartupError(
-                    f"tritonserver did not answer GET {self.sagemaker_url}/ping within "
-                    f"{self.config.startup_timeout_s:g} s (raise startup_timeout_s or check the log); "
-                    f"last log lines: {tail}"
-                )
-            time.sleep(0.1)
+                raise TritonStartupError(f"tritonserver exited with code {code} before answering GET /ping; "
+                                         f"last log lines: {log_tail(log_path)}")
+            return True if ping_status(self.sagemaker_url, timeout_s=1.0) == 200 else None
+
+        def timed_out(waited: float) -> TritonStartupError:
+            return TritonStartupError(
+                f"tritonserver did not answer GET {self.sagemaker_url}/ping within "
+                f"{self.config.startup_timeout_s:g} s (raise startup_timeout_s or check the log); "
+                f"last log lines: {log_tail(log_path)}"
+            )
+
+        left = self.config.startup_timeout_s - (time.monotonic() - started)
+        poll_until(healthy, timeout_s=left, interval_s=0.1, on_timeout=timed_out)
 
     def is_running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
@@ -405,11 +260,7 @@ class TritonServer(abc.ABC):
             return []
         procs: dict[int, psutil.Process] = {}
         if self._proc.poll() is None:  # once reaped, its pid may be another process's
-            with contextlib.suppress(psutil.NoSuchProcess):
-                root = psutil.Process(self._proc.pid)
-                procs[root.pid] = root
-                for child in root.children(recursive=True):
-                    procs[child.pid] = child
+            procs.update((p.pid, p) for p in tree_of(self._proc.pid))
         # Children orphaned by a killed server are still in its process group.
         for member in process_group_members(self._proc.pid, self.instance_id):
             procs.setdefault(member.pid, member)
@@ -438,43 +289,13 @@ class TritonServer(abc.ABC):
     def _shutdown(self, grace_s: float | None = None) -> None:
         if self._proc is not None:
             self._before_terminate()
-            self._terminate_group(self.config.stop_grace_s if grace_s is None else grace_s)
+            terminate_group(self._proc, self.instance_id, self._known_children.values(),
+                            grace_s=self.config.stop_grace_s if grace_s is None else grace_s,
+                            wait_s=self.config.stop_grace_s)
+            self._known_children.clear()
             self._proc = None
         self._close_log()
         self._after_stop()
-
-    def _terminate_group(self, grace_s: float) -> None:
-        server = self._proc
-        assert server is not None  # called by stop() only while there is a process
-        pgid = server.pid  # start_new_session: the server leads its own group
-        procs = {p.pid: p for p in process_group_members(pgid, self.instance_id)}
-        if server.poll() is None:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                root = psutil.Process(pgid)
-                procs.update({p.pid: p for p in [root, *root.children(recursive=True)]})
-        procs.update({pid: p for pid, p in self._known_children.items() if alive(p)})
-        self._signal_all(pgid, list(procs.values()), signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
-            server.poll()
-            if not any(alive(p) for p in procs.values()):
-                break
-            time.sleep(0.05)
-        else:
-            self._signal_all(pgid, [p for p in procs.values() if alive(p)], signal.SIGKILL)
-        server.wait(timeout=self.config.stop_grace_s)
-        psutil.wait_procs([p for p in procs.values() if p.pid != pgid], timeout=self.config.stop_grace_s)
-        self._known_children.clear()
-
-    @staticmethod
-    def _signal_all(pgid: int, procs: Sequence[psutil.Process], sig: signal.Signals) -> None:
-        if not procs:  # the group is gone: its number may belong to someone else now
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, sig)
-        for proc in procs:  # members that left the group
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.send_signal(sig)
 
     def _close_log(self) -> None:
         if self._log_handle is not None:

@@ -24,17 +24,11 @@ import subprocess
 import uuid
 from pathlib import Path
 
-import psutil
 
 from mme.versions import release
-from serving.triton.base import (
-    SAGEMAKER_MODEL_ROOT,
-    ModelRootError,
-    TritonServer,
-    TritonServerConfig,
-    TritonServerError,
-    alive,
-)
+from serving.triton.base import TritonServer
+from serving.triton.config import SAGEMAKER_MODEL_ROOT, ModelRootError, TritonServerConfig, TritonServerError
+from serving.triton.processes import alive, tree_of
 from serving.triton.sagemaker_serve import (
     ADDITIONAL_ARGS,
     GPU_LIMIT,
@@ -209,9 +203,7 @@ class DockerTritonServer(TritonServer):
         found = set(super().pids())
         pid = self.container_pid() if self.is_running() else None
         if pid is not None:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                root = psutil.Process(pid)
-                found.update(p.pid for p in [root, *root.children(recursive=True)] if alive(p))
+            found.update(p.pid for p in tree_of(pid) if alive(p))
         return sorted(found)
 
     def _before_terminate(self) -> None:

@@ -10,7 +10,8 @@ import subprocess
 from pathlib import Path
 
 from mme.errors import UsageError
-from serving.triton.base import TritonServer, TritonServerConfig
+from serving.triton.base import TritonServer
+from serving.triton.config import TritonServerConfig
 from serving.triton.docker import DockerTritonServer, docker_engine_problem
 from serving.triton.local import LocalTritonServer
 from serving.triton.system import BINARY_ENV, SystemTritonServer

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from serving.triton.base import TritonServer, TritonServerConfig, TritonServerError
+from serving.triton.base import TritonServer
+from serving.triton.config import TritonServerConfig, TritonServerError
 
 STUB_NAME = "triton_python_backend_stub"
 INSTALL_HINT = "install it with: pip install nvidia-pytriton==0.7.0 (Linux x86_64/aarch64 only)"

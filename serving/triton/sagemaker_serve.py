@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 from mme.errors import UsageError
 
 if TYPE_CHECKING:
-    from serving.triton.base import TritonServerConfig
+    from serving.triton.config import TritonServerConfig
 
 SERVE_SOURCE = "triton-inference-server/server docker/sagemaker/serve @ e1db8a603"
 SAGEMAKER_ENV_PREFIX = "SAGEMAKER_TRITON_"

@@ -31,10 +31,10 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from serving.triton.base import (
+from serving.triton.base import TritonServer
+from serving.triton.config import (
     SAGEMAKER_MODEL_ROOT,
     SAGEMAKER_ROOT_REQUIRED_SINCE,
-    TritonServer,
     TritonServerConfig,
     TritonServerError,
     parse_version,

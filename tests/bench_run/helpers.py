@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench import results
+from mme.process import child_env
 
 from serving.triton.base import free_ports
 
@@ -19,8 +19,8 @@ SECRET_KEY = "bench/test/secret/key"
 
 
 def bench_env() -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY,
-               AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true")
+    env = child_env({"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+                     "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"})
     env.pop("AWS_SESSION_TOKEN", None)
     env.pop("AWS_PROFILE", None)
     return env

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +15,7 @@ import pytest
 
 from bench.results import ENDPOINT_METRICS_FILE, REQUESTS_FILE, RUN_FILE, STAGES_FILE
 from tests.bench_run.helpers import ROOT, bench_env, free_port, run_bench, saved_run
+from tests.conftest import serving_process
 
 STARTUP_TIMEOUT_S = 60.0
 
@@ -24,31 +24,13 @@ STARTUP_TIMEOUT_S = 60.0
 def local_endpoint(test_resnet_cpu_local):
     artifact_dir, _ = test_resnet_cpu_local
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "mme", "-q", "serve", "--models", str(artifact_dir), "--port",
-                                str(port), "--server", "local", "--copies", "3", "--allow-unsigned"], cwd=ROOT, env=bench_env(),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    try:
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"mme serve exited with {process.returncode}: {process.stderr.read()}")
-            try:
-                with urllib.request.urlopen(f"{url}/ping", timeout=1):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"mme serve did not answer {url}/ping within {STARTUP_TIMEOUT_S:.0f} s")
-                time.sleep(0.2)
+    command = [sys.executable, "-m", "mme", "-q", "serve", "--models", str(artifact_dir), "--port", str(port),
+               "--server", "local", "--copies", "3", "--allow-unsigned"]
+    with serving_process(command, f"{url}/ping", what="mme serve", timeout_s=STARTUP_TIMEOUT_S, cwd=ROOT,
+                         env=bench_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True):
         warm_up(url, artifact_dir)
         yield artifact_dir, url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def warm_up(url: str, artifact_dir) -> None:

@@ -22,7 +22,6 @@ monkey.patch_all()
 import argparse  # noqa: E402
 import csv  # noqa: E402
 import json  # noqa: E402
-import os  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -32,6 +31,7 @@ from pathlib import Path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+from mme.process import child_env  # noqa: E402
 
 SERVER = r'''
 import asyncio, socket, sys
@@ -127,7 +127,7 @@ def locust_throughput(url: str, users: int, duration: float, client: str) -> dic
                    "--users", str(users), "--duration", str(duration), "--wait", "0,0", "--client", client,
                    "--out", tmp, "--run-id", "run"]
         subprocess.run(command, check=True, cwd=ROOT, stdout=subprocess.DEVNULL,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                       env=child_env())
         run = Path(tmp) / "run"
         with open(run / "requests.csv", newline="") as fh:
             rows = list(csv.DictReader(fh))

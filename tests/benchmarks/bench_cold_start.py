@@ -11,7 +11,6 @@ sample request with boto3 to a target that is not loaded, reads the endpoint's
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import time
@@ -21,6 +20,9 @@ import boto3
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from mme.process import stop_process  # noqa: E402
+from packager.manifest import MANIFEST_NAME, Manifest  # noqa: E402
+from serving.copies import copy_name  # noqa: E402
 from tests.benchmarks.bench_front import free_port, save_result, tree_environment, wait_for  # noqa: E402
 
 
@@ -30,11 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("results"))
     parser.add_argument("--tree", type=Path, help="run the mme of this checkout (e.g. a worktree of an older commit)")
     args = parser.parse_args(argv)
-    manifest_path = args.artifact / "manifest.json"
-    if not manifest_path.is_file():
-        raise SystemExit(f"no manifest.json in {args.artifact}: run `make package MODEL=resnet50` first")
-    manifest = json.loads(manifest_path.read_text())
-    body = (args.artifact / manifest["sample_request"]["json_file"]).read_bytes()
+    if not (args.artifact / MANIFEST_NAME).is_file():
+        raise SystemExit(f"no {MANIFEST_NAME} in {args.artifact}: run `make package MODEL=resnet50` first")
+    manifest = Manifest.load(args.artifact)
+    body = (args.artifact / manifest.sample_request.json_file).read_bytes()
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "mme", "-q", "serve", "--models", str(args.artifact.resolve()),
                                "--port", str(port), "--server", "local", "--copies", "2"],
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         wait_for(f"{url}/ping", server)
         sm = boto3.client("sagemaker-runtime", endpoint_url=url, region_name="us-east-1",
                           aws_access_key_id="local", aws_secret_access_key="local")
-        target = manifest["tarball"].replace(".tar.gz", "-v1.tar.gz")
+        target = copy_name(manifest.tarball, 1)
         timings = []
         for _ in range(3):
             start = time.perf_counter()
@@ -52,8 +53,7 @@ def main(argv: list[str] | None = None) -> int:
             timings.append(time.perf_counter() - start)
         latency = requests.get(f"{url}/metrics.json", timeout=10).json()["latency_us"]
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        stop_process(server, 30)
 
     def first(name: str) -> float:
         return latency[name]["sum"] / 1e3 if name in latency else 0.0  # one event each on a cold start
@@ -65,14 +65,14 @@ def main(argv: list[str] | None = None) -> int:
         "first_inference_ms": round(latency["ModelLatency"]["max"] / 1e3, 3),
         "first_answer_ms": round(timings[0] * 1e3, 3),
         "warm_answer_ms": round(min(timings[1:]) * 1e3, 3),
-        "tarball_mb": round((args.artifact / manifest["tarball"]).stat().st_size / 1e6, 1),
+        "tarball_mb": round((args.artifact / manifest.tarball).stat().st_size / 1e6, 1),
     }
     split["other_ms"] = round(split["first_answer_ms"] - split["download_ms"] - split["extract_ms"]
                               - split["load_ms"] - split["first_inference_ms"], 3)
-    print(f"cold start of {target} ({manifest['model']}, {manifest['format']}, {split['tarball_mb']} MB tarball):")
+    print(f"cold start of {target} ({manifest.model}, {manifest.format}, {split['tarball_mb']} MB tarball):")
     for key in ("download_ms", "extract_ms", "load_ms", "first_inference_ms", "other_ms", "first_answer_ms", "warm_answer_ms"):
         print(f"  {key:<20}{split[key]:>10.1f}")
-    save_result(args.out, f"bench_cold_start_{manifest['model']}.json", {"schema_version": 1, "target": target, **split})
+    save_result(args.out, f"bench_cold_start_{manifest.model}.json", {"schema_version": 1, "target": target, **split})
     return 0
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 import requests
 
 from mme.fsutil import write_json_atomic
+from mme.process import child_env
 from serving.cache import cache_key
 from serving.triton.base import free_ports
 
@@ -125,8 +125,7 @@ def tree_environment(tree: Path | None) -> dict:
     """Popen arguments that run `python -m mme` from ``tree`` instead of this checkout."""
     if tree is None:
         return {}
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree.resolve()), os.environ.get("PYTHONPATH", "")]))
-    return {"env": env, "cwd": str(tree)}
+    return {"env": child_env(root=tree), "cwd": str(tree)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,6 @@ then prints the per-format stage times recorded in each manifest, and writes the
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import subprocess
@@ -18,6 +17,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from mme.fsutil import write_json_atomic  # noqa: E402
+from mme.process import child_env  # noqa: E402
+from packager.manifest import Manifest  # noqa: E402
 
 STAGES = ("load", "reference", "export", "validate", "layout", "tarball")
 
@@ -27,25 +31,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model", nargs="?", default="resnet50")
     parser.add_argument("--formats", default="torchscript,onnx,cpu-local")
     parser.add_argument("--out", type=Path, default=Path("results"))
-    parser.add_argument("extra", nargs=argparse.REMAINDER, help="more `mme package` arguments")
-    args = parser.parse_args(argv)
+    # Other options (--max-batch-size 8, --opset 17, ...) go to `mme package` as they are; options
+    # may come before or after MODEL.
+    args, extra = parser.parse_known_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         command = [sys.executable, "-m", "mme", "-q", "package", args.model, "--no-pretrained",
-                   "--formats", args.formats, "--out", tmp, *args.extra]
+                   "--formats", args.formats, "--out", tmp, *extra]
         start = time.perf_counter()
-        subprocess.run(command, check=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+        subprocess.run(command, check=True, env=child_env({"HF_HUB_OFFLINE": "1"}))
         wall = time.perf_counter() - start
         peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         rows = []
         for fmt in args.formats.split(","):
             root = next(Path(tmp).iterdir()) / fmt
-            manifest = json.loads((root / "manifest.json").read_text())
-            tarball = root / manifest["tarball"]
+            manifest = Manifest.load(root)
+            tarball = root / manifest.tarball
             rows.append({
                 "format": fmt,
-                **{stage: manifest["timings_s"].get(stage, 0.0) for stage in STAGES},
+                **{stage: manifest.timings_s.get(stage, 0.0) for stage in STAGES},
                 "tarball_mb": round(tarball.stat().st_size / 1e6, 1),
-                "max_abs_diff": manifest["validation"]["max_abs_diff"],
+                "max_abs_diff": manifest.validation.max_abs_diff,
             })
     print(f"mme package {args.model} on {os.cpu_count()} cores: wall {wall:.1f} s, peak RSS {peak_mib:.0f} MiB")
     print(f"{'format':<12}" + "".join(f"{s:>10}" for s in STAGES) + f"{'tar MB':>9}{'max|diff|':>11}")
@@ -53,10 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{row['format']:<12}" + "".join(f"{row[s]:>10.2f}" for s in STAGES)
               + f"{row['tarball_mb']:>9.1f}{row['max_abs_diff']:>11.2e}")
     print("(load and reference are shared by all formats; the ONNX export is shared by onnx and cpu-local)")
-    args.out.mkdir(parents=True, exist_ok=True)
     result = args.out / f"bench_package_{args.model.replace('/', '--')}.json"
-    result.write_text(json.dumps({"model": args.model, "wall_s": round(wall, 2), "peak_rss_mib": round(peak_mib),
-                                  "cpus": os.cpu_count(), "formats": rows}, indent=2) + "\n")
+    write_json_atomic(result, {"model": args.model, "wall_s": round(wall, 2), "peak_rss_mib": round(peak_mib),
+                               "cpus": os.cpu_count(), "formats": rows})
     print(f"written {result}")
     return 0
 

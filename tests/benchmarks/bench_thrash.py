@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from mme.errors import MmeError  # noqa: E402
 from packager.manifest import Manifest  # noqa: E402
+from serving.copies import copy_name  # noqa: E402
 from tests.benchmarks.bench_front import free_port, save_result, tree_environment, wait_for  # noqa: E402
 
 THRESHOLD = 0.9
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     except MmeError as exc:
         raise SystemExit(f"{exc} (make package MODEL=resnet50 makes one)") from None
     body = (args.artifact / manifest.sample_request.json_file).read_bytes()
-    targets = [manifest.tarball.replace(".tar.gz", f"-v{i}.tar.gz") for i in range(1, args.copies + 1)]
+    targets = [copy_name(manifest.tarball, i) for i in range(1, args.copies + 1)]
 
     def invoke(sm, target: str) -> None:
         sm.invoke_endpoint(EndpointName="local", TargetModel=target, ContentType="application/json", Body=body)

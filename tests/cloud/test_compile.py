@@ -161,6 +161,56 @@ def test_failed_job_reports_its_reason_and_retry_starts_a_new_one(s3env, onnx_ar
     assert retry.job_name == plan.job_base + "-2"
 
 
+def test_waiting_gives_up_before_the_timeout_and_says_the_job_keeps_running(s3env, onnx_artifact, tmp_path, stubbed,
+                                                                            fake_clock):
+    from mme.aws.errors import WaitTimeout
+
+    plan, _, _ = _plan(s3env, onnx_artifact, tmp_path)
+    sm, stub = stubbed("sagemaker")
+    for secondary in ("Starting", "Training", "Training", "Training"):
+        stub.add_response("describe_training_job", _job(plan, "InProgress", secondary), {"TrainingJobName": plan.job_name})
+    clock, lines = fake_clock(), io.StringIO()
+    with pytest.raises(WaitTimeout) as caught:
+        remote.wait_for_job(sm, plan.job_name, 100, 30, Reporter(stream=lines), sleep=clock.sleep, clock=clock.clock)
+    stub.assert_no_pending_responses()
+    assert clock.sleeps == [30, 30, 30], "no sleep that would pass the timeout"
+    assert f"training job {plan.job_name} still InProgress after 90 s; it keeps running" in str(caught.value)
+    assert lines.getvalue().splitlines() == [f"  training job {plan.job_name}: InProgress / Starting (0 s)",
+                                             f"  training job {plan.job_name}: InProgress / Training (30 s)"]
+
+
+def test_the_plans_config_comes_from_the_onnx_config_with_the_engines_dtypes(onnx_artifact):
+    from tritonclient.grpc import model_config_pb2
+
+    from packager.triton_config import read_config
+
+    onnx_config = read_config(onnx_artifact / "test_resnet" / "config.pbtxt")
+    config = remote.tensorrt_config(onnx_config, 4, {"pixel_values": "HALF"})
+    assert onnx_config.platform != "tensorrt_plan", "the ONNX artifact's config is left as it was"
+    assert config.platform == "tensorrt_plan" and config.max_batch_size == 4 and not config.parameters
+    assert config.input[0].data_type == model_config_pb2.TYPE_FP16
+    assert config.output[0].data_type == onnx_config.output[0].data_type, "dtypes the job did not record are kept"
+
+
+def test_job_output_without_a_readable_build_info_still_gives_the_plan(tmp_path):
+    def tarball(name: str, members: dict[str, bytes]) -> Path:
+        path = tmp_path / name
+        with tarfile.open(path, "w:gz") as tar:
+            for member_name, data in members.items():
+                member = tarfile.TarInfo(member_name)
+                member.size = len(data)
+                tar.addfile(member, io.BytesIO(data))
+        return path
+
+    (tmp_path / "a").mkdir()
+    output = remote.read_job_output(tarball("a.tar.gz", {"./model.plan": b"PLAN", "build_info.json": b"{not json"}),
+                                     tmp_path / "a")
+    assert output.plan_file.read_bytes() == b"PLAN" and output.info == remote.BuildInfo()
+    assert output.info.tensorrt == "unknown" and output.info.command is None
+    with pytest.raises(CompileFailed, match="has no model.plan"):
+        remote.read_job_output(tarball("b.tar.gz", {"build_info.json": b"{}"}), tmp_path)
+
+
 def test_compile_refuses_other_formats_and_bad_instance_types(artifact, onnx_artifact, s3env, tmp_path, run_cli):
     code, out, err = run_cli("compile", "--on", "sagemaker", "--instance-type", "ml.g5.2xlarge", "--artifact",
                              str(artifact.parent / "torchscript-missing"), "--s3", f"s3://{s3env.bucket}/w", "--role", ROLE)

@@ -11,6 +11,7 @@ import pytest
 
 from mme.progress import Reporter
 from serving.deploy import endpoint as deploy
+from serving.deploy.delete import plan_delete, run_delete
 from mme.aws.errors import AwsError, CredentialsError, DeployError, EndpointFailed, Interrupted, S3Error, WaitTimeout
 from mme.aws.session import boto3_session
 from mme.aws.state import DeploymentStore
@@ -142,12 +143,12 @@ def test_ctrl_c_while_waiting_leaves_a_state_file_and_delete_cleans_up(s3env, pu
     assert saved.status == "interrupted" and all(r.status == "created" for r in saved.resources)
     stub.assert_no_pending_responses()
 
-    delete_plan = deploy.plan_delete("mme-r", sm, "us-east-1", saved, False, None, store.path("mme-r"))
+    delete_plan = plan_delete("mme-r", sm, "us-east-1", saved, False, None, store.path("mme-r"))
     assert delete_plan.resources == (("endpoint", "mme-r"), ("endpoint-config", "mme-r-config"), ("model", "mme-r-model"))
     stub.add_response("delete_endpoint", {}, {"EndpointName": "mme-r"})
     stub.add_response("delete_endpoint_config", {}, {"EndpointConfigName": "mme-r-config"})
     stub.add_response("delete_model", {}, {"ModelName": "mme-r-model"})
-    outcome = deploy.run_delete(delete_plan, sm, None, store, Reporter(quiet=True))
+    outcome = run_delete(delete_plan, sm, None, store, Reporter(quiet=True))
     stub.assert_no_pending_responses()
     assert set(outcome.values()) == {"deleted"}
     assert not store.path("mme-r").exists()
@@ -175,11 +176,11 @@ def test_ctrl_c_inside_a_create_call_leaves_it_listed_and_delete_tolerates_it_mi
         ("model", "created"), ("endpoint-config", "requested"), ("endpoint", "planned")]
 
     sm, stub = stubbed("sagemaker")  # a fresh client for the clean-up
-    delete_plan = deploy.plan_delete("mme-r", sm, "us-east-1", saved, False, None, store.path("mme-r"))
+    delete_plan = plan_delete("mme-r", sm, "us-east-1", saved, False, None, store.path("mme-r"))
     _not_found(stub, "delete_endpoint", "endpoint", "mme-r", {"EndpointName": "mme-r"})
     _not_found(stub, "delete_endpoint_config", "endpoint configuration", "mme-r-config", {"EndpointConfigName": "mme-r-config"})
     stub.add_response("delete_model", {}, {"ModelName": "mme-r-model"})
-    outcome = deploy.run_delete(delete_plan, sm, None, store, Reporter(quiet=True))
+    outcome = run_delete(delete_plan, sm, None, store, Reporter(quiet=True))
     assert outcome == {"endpoint mme-r": "not found", "endpoint-config mme-r-config": "not found", "model mme-r-model": "deleted"}
     assert not store.path("mme-r").exists()
 
@@ -210,6 +211,48 @@ def test_existing_model_with_other_data_is_a_conflict(s3env, pushed, tmp_path, s
                                          "CreationTime": NOW, "PrimaryContainer": other}, {"ModelName": plan.model})
     with pytest.raises(DeployError, match="already exists with ModelDataUrl s3://other/prefix/"):
         deploy.run_deploy(plan, sm, DeploymentStore(tmp_path / "state"), Reporter(quiet=True))
+
+
+def _existing_model_and_config(stub, plan, instance_type=None):
+    stub.add_response("describe_model", {"ModelName": plan.model, "ModelArn": f"{ARN}:model/{plan.model}",
+                                         "CreationTime": NOW, "PrimaryContainer": plan.create_model["PrimaryContainer"]},
+                      {"ModelName": plan.model})
+    variant = dict(plan.create_endpoint_config["ProductionVariants"][0])
+    if instance_type is not None:
+        variant["InstanceType"] = instance_type
+    stub.add_response("describe_endpoint_config", {
+        "EndpointConfigName": plan.endpoint_config, "EndpointConfigArn": f"{ARN}:endpoint-config/x", "CreationTime": NOW,
+        "ProductionVariants": [variant]}, {"EndpointConfigName": plan.endpoint_config})
+
+
+def test_existing_endpoint_config_on_another_instance_type_is_a_conflict(s3env, pushed, tmp_path, stubbed):
+    plan = _plan(s3env, pushed, tmp_path)
+    sm, stub = stubbed("sagemaker")
+    _existing_model_and_config(stub, plan, instance_type="ml.g4dn.xlarge")
+    store = DeploymentStore(tmp_path / "state")
+    with pytest.raises(DeployError) as caught:
+        deploy.run_deploy(plan, sm, store, Reporter(quiet=True))
+    assert str(caught.value) == (
+        "endpoint config mme-r-config already exists with InstanceType ml.g4dn.xlarge (this deploy wants ml.g5.2xlarge); "
+        "remove it with 'mme delete --endpoint mme-r' or choose another --name")
+    stub.assert_no_pending_responses()  # no create call, no describe of the endpoint
+    assert store.load("mme-r").resource("model").status == "existing"
+
+
+def test_existing_endpoint_that_failed_or_is_being_deleted_is_not_carried_on(s3env, pushed, tmp_path, stubbed):
+    plan = _plan(s3env, pushed, tmp_path)
+    store = DeploymentStore(tmp_path / "state")
+    sm, stub = stubbed("sagemaker")
+    _existing_model_and_config(stub, plan)
+    stub.add_response("describe_endpoint", _endpoint("Failed", FailureReason="image not found"), {"EndpointName": "mme-r"})
+    with pytest.raises(EndpointFailed, match="exists and has Failed: image not found; remove it"):
+        deploy.run_deploy(plan, sm, store, Reporter(quiet=True))
+    assert store.load("mme-r").status == "Failed" and store.load("mme-r").failure_reason == "image not found"
+    _existing_model_and_config(stub, plan)
+    stub.add_response("describe_endpoint", _endpoint("Deleting"), {"EndpointName": "mme-r"})
+    with pytest.raises(DeployError, match="is being deleted; wait until it is gone"):
+        deploy.run_deploy(plan, sm, store, Reporter(quiet=True))
+    stub.assert_no_pending_responses()
 
 
 @pytest.mark.parametrize("option,value,message", [
@@ -258,12 +301,12 @@ def test_delete_without_state_tolerates_everything_missing_and_runs_twice(stubbe
     store = DeploymentStore(tmp_path / "state")
     for _ in range(2):
         _not_found(stub, "describe_endpoint", "endpoint", "gone", {"EndpointName": "gone"})
-        plan = deploy.plan_delete("gone", sm, "us-east-1", None, False, None, store.path("gone"))
+        plan = plan_delete("gone", sm, "us-east-1", None, False, None, store.path("gone"))
         assert plan.resources == (("endpoint", "gone"), ("endpoint-config", "gone-config"), ("model", "gone-model"))
         _not_found(stub, "delete_endpoint", "endpoint", "gone", {"EndpointName": "gone"})
         _not_found(stub, "delete_endpoint_config", "endpoint configuration", "gone-config", {"EndpointConfigName": "gone-config"})
         _not_found(stub, "delete_model", "model", "gone-model", {"ModelName": "gone-model"})
-        outcome = deploy.run_delete(plan, sm, None, store, Reporter(quiet=True))
+        outcome = run_delete(plan, sm, None, store, Reporter(quiet=True))
         assert set(outcome.values()) == {"not found"}
     stub.assert_no_pending_responses()
 
@@ -274,7 +317,7 @@ def test_delete_follows_the_endpoint_when_there_is_no_state(stubbed, tmp_path):
     stub.add_response("describe_endpoint_config", {
         "EndpointConfigName": "cfg-1", "EndpointConfigArn": f"{ARN}:endpoint-config/cfg-1", "CreationTime": NOW,
         "ProductionVariants": [{"VariantName": "AllTraffic", "ModelName": "model-1"}]}, {"EndpointConfigName": "cfg-1"})
-    plan = deploy.plan_delete("ep", sm, "us-east-1", None, False, None, tmp_path / "ep.json")
+    plan = plan_delete("ep", sm, "us-east-1", None, False, None, tmp_path / "ep.json")
     assert plan.resources == (("endpoint", "ep"), ("endpoint-config", "cfg-1"), ("model", "model-1"))
 
 
@@ -284,16 +327,16 @@ def test_delete_s3_removes_the_prefix_and_refuses_the_bucket_root(s3env, pushed,
     store.save(plan.new_state())
     s3env.client.put_object(Bucket=s3env.bucket, Key="other/keep.tar.gz", Body=b"x")
     sm, stub = stubbed("sagemaker")
-    delete_plan = deploy.plan_delete("mme-r", sm, "us-east-1", store.load("mme-r"), True, None, store.path("mme-r"))
+    delete_plan = plan_delete("mme-r", sm, "us-east-1", store.load("mme-r"), True, None, store.path("mme-r"))
     assert delete_plan.s3_uri == pushed + "/"
     for method, param, name in (("delete_endpoint", "EndpointName", "mme-r"), ("delete_endpoint_config", "EndpointConfigName", "mme-r-config"),
                                 ("delete_model", "ModelName", "mme-r-model")):
         stub.add_response(method, {}, {param: name})
-    outcome = deploy.run_delete(delete_plan, sm, s3env.client, store, Reporter(quiet=True))
+    outcome = run_delete(delete_plan, sm, s3env.client, store, Reporter(quiet=True))
     assert outcome[pushed + "/"] == "3 objects deleted"
     assert s3env.keys() == ["other/keep.tar.gz"]
     with pytest.raises(DeployError, match="refuses to empty the whole bucket"):
-        deploy.plan_delete("mme-r", sm, "us-east-1", None, True, f"s3://{s3env.bucket}", store.path("mme-r"))
+        plan_delete("mme-r", sm, "us-east-1", None, True, f"s3://{s3env.bucket}", store.path("mme-r"))
 
 
 def test_single_mode_rejects_a_multi_prefix_without_a_choice(s3env, tmp_path):

@@ -1,7 +1,7 @@
 """tests/gpu/gpu_check.sh: without a GPU it says so and exits 0 (4 with --require-gpu);
 on a GPU host without TensorRT it runs what it can and says what it skipped and why (the GPU
-branch is driven here by a stand-in Python); every step of gpu_check.py runs for real on the
-CPU (--device cpu), the wheel's Triton included; the wheels for a bare GPU host fit the
+branch is driven here by a stand-in Python); every step of `mme gpu-check run`
+(bench/gpu_check/) runs for real on the CPU (--device cpu), the wheel's Triton included; the wheels for a bare GPU host fit the
 device's 64 MiB."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import os
 import stat
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from mme.process import child_env
 from tests.docker.conftest import REPO
 
 SCRIPT = REPO / "tests" / "gpu" / "gpu_check.sh"
-HELPER = REPO / "tests" / "gpu" / "gpu_check.py"
+GPU_CHECK = [sys.executable, "-m", "mme", "gpu-check"]  # what the script runs
 
 
 def run_script(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -46,16 +46,13 @@ def test_bad_usage_exits_2():
 
 
 def test_helper_detect_and_run_without_a_gpu(tmp_path):
-    sys.path.insert(0, str(HELPER.parent))
-    try:
-        import gpu_check
-    finally:
-        sys.path.remove(str(HELPER.parent))
-    facts = gpu_check.detect()
+    from bench.gpu_check.detect import detect
+
+    facts = detect().to_dict()
     assert {"torch_cuda", "gpu_count", "nvml_gpus", "tensorrt", "tensorrt_reason", "pytriton", "project_tests",
             "docker", "no_gpu_reason"} <= set(facts)
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    run = subprocess.run([sys.executable, str(HELPER), "run", "--out", str(tmp_path)], cwd=REPO, env=env,
+    run = subprocess.run([*GPU_CHECK, "run", "--out", str(tmp_path)], cwd=REPO, env=env,
                          capture_output=True, text=True)
     assert run.returncode == 4 and "no usable NVIDIA GPU" in run.stdout
     assert json.loads((tmp_path / "facts.json").read_text())["torch_cuda"] is False
@@ -75,13 +72,10 @@ def stand_in_python(tmp_path):
     python = tmp_path / "python"
     python.write_text(f"""#!/bin/sh
 echo "$*" >> {log}
-case "$1" in
-  tests/gpu/gpu_check.py)
-    case "$2" in
-      detect) sed "s/@PROJECT_TESTS@/${{PROJECT_TESTS_FACT:-1}}/" {facts}; echo "${{FACTS_EXTRA:-}}" ;;
-      run) echo "measurement figures"; exit ${{COMPARE_RC:-0}} ;;
-    esac ;;
-  -m) exit ${{PYTEST_RC:-0}} ;;
+case "$*" in
+  "-m mme gpu-check detect"*) sed "s/@PROJECT_TESTS@/${{PROJECT_TESTS_FACT:-1}}/" {facts}; echo "${{FACTS_EXTRA:-}}" ;;
+  "-m mme gpu-check run"*) echo "measurement figures"; exit ${{COMPARE_RC:-0}} ;;
+  "-m pytest"*) exit ${{PYTEST_RC:-0}} ;;
 esac
 """)
     python.chmod(python.stat().st_mode | stat.S_IEXEC)
@@ -95,7 +89,7 @@ def test_gpu_host_without_tensorrt_runs_what_it_can_and_says_what_it_skipped(sta
     calls = log.read_text().splitlines()
     pytest_call = next(c for c in calls if c.startswith("-m pytest"))
     assert "-m gpu" in pytest_call and pytest_call.endswith("tests/packager/test_gpu_formats.py")
-    assert any(c.startswith("tests/gpu/gpu_check.py run --out results/gpu-check") for c in calls)
+    assert any(c.startswith("-m mme gpu-check run --out results/gpu-check") for c in calls)
     out = done.stdout
     assert "RAN      gpu-marked tests: passed" in out
     assert "RAN      GPU measurements" in out
@@ -111,7 +105,7 @@ def test_a_bare_gpu_host_skips_the_test_suite_and_still_measures(stand_in_python
     assert done.returncode == 0, done.stdout + done.stderr
     calls = log.read_text().splitlines()
     assert not any(c.startswith("-m pytest") for c in calls)
-    assert "tests/gpu/gpu_check.py run --out somewhere" in calls
+    assert "-m mme gpu-check run --out somewhere" in calls
     assert "SKIPPED  gpu-marked tests (the project's test dependencies are not installed" in done.stdout
 
 
@@ -121,7 +115,7 @@ def test_require_gpu_exits_4_when_pytorch_cannot_use_the_gpu(stand_in_python):
     done = run_script("--require-gpu", env={"GPU_CHECK_PYTHON": str(python), "FACTS_EXTRA": extra})
     assert done.returncode == 4
     assert "no usable NVIDIA GPU on this host (the driver sees 1 GPU(s) but PyTorch cannot use them)" in done.stdout
-    assert not any(c.startswith(("-m pytest", "tests/gpu/gpu_check.py run")) for c in log.read_text().splitlines())
+    assert not any(c.startswith(("-m pytest", "-m mme gpu-check run")) for c in log.read_text().splitlines())
     assert run_script(env={"GPU_CHECK_PYTHON": str(python), "FACTS_EXTRA": extra}).returncode == 0
 
 
@@ -146,15 +140,19 @@ def test_script_is_executable_bash():
     assert SCRIPT.stat().st_mode & stat.S_IXUSR
     assert SCRIPT.read_text().startswith("#!/usr/bin/env bash")
     subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
-    assert Path(HELPER).is_file()
+    assert "-m mme gpu-check detect" in SCRIPT.read_text() and "-m mme gpu-check run" in SCRIPT.read_text()
+    from mme.cli import build_parser
+
+    args = build_parser().parse_args(["gpu-check", "run", "--out", "somewhere", "--device", "cpu"])
+    assert args.func.__module__ == "bench.gpu_check.cli" and args.device == "cpu"
 
 
 def test_every_step_runs_for_real_on_the_cpu_the_wheels_triton_included(tmp_path):
     """--device cpu: the check's own code end to end (mme package, latency, copies through the
     project's memory meter, the encoder, the wheel's Triton serving the TorchScript python model
     and mme capacity against it), so its first run on a GPU host is not its first run."""
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, str(HELPER), "run", "--device", "cpu", "--out", str(tmp_path),
+    env = child_env({"CUDA_VISIBLE_DEVICES": ""})
+    done = subprocess.run([*GPU_CHECK, "run", "--device", "cpu", "--out", str(tmp_path),
                            "--model", "test_resnet", "--batches", "1,2", "--copies", "2", "--iters", "3", "--warmup", "1",
                            "--triton-max-copies", "3", "--triton-headroom-gib", "1.5"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)

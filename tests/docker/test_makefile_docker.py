@@ -14,7 +14,6 @@ from tests.docker.conftest import (
     make_dry_run,
     option_value,
     parse_mme,
-    without_option,
 )
 
 TARGETS = ("docker-build", "docker-package", "docker-serve", "docker-bench")
@@ -91,13 +90,8 @@ def test_docker_serve_checks_plans_then_runs_mme_serve_on_the_system_triton():
     assert f"{models}:/models:ro" in argv
     args = after_image(argv, f"mme-serving:{rel.name}")
     assert args[0] == "serve" and option_value(args, "--server") == "system"
-    from mme.errors import UsageError
-
-    try:
-        parsed = parse_mme(args)
-    except UsageError:
-        parsed = parse_mme(without_option(args, "--server"))  # kind "system" not wired in yet
-    assert parsed.models == "/models" and parsed.host == "0.0.0.0" and parsed.port == 8080
+    parsed = parse_mme(args)
+    assert parsed.models == "/models" and parsed.host == "0.0.0.0" and parsed.port == 8080 and parsed.server == "system"
 
 
 def test_docker_bench_runs_mme_bench_in_the_bench_image():

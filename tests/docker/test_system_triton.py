@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from serving.triton.base import TritonServerConfig, ping_status
+from serving.container import ping_status
+from serving.triton.base import TritonServerConfig
 from serving.triton.system import (
     BINARY_ENV,
     SystemTritonNotFoundError,

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The GPU check: on a GPU host, the gpu-marked tests (where the project's test dependencies
-# are installed) and the measurements of tests/gpu/gpu_check.py: TorchScript latency at batch
-# 1 and 16, GPU memory per loaded copy through the project's NVML code and the copies that fit
-# under 90%, TensorRT where installed, a Hugging Face encoder traced on the CPU and run on
-# CUDA, and the nvidia-pytriton wheel's Triton serving GPU copies for `mme capacity`'s GPU
-# path. Runs what the host allows (no TensorRT, no Docker, no network are fine) and says
-# plainly what it skipped and why.
+# are installed) and the measurements of `mme gpu-check run` (bench/gpu_check/): TorchScript
+# latency at batch 1 and 16, GPU memory per loaded copy through the project's NVML code and
+# the copies that fit under 90%, TensorRT where installed, a Hugging Face encoder traced on
+# the CPU and run on CUDA, and the nvidia-pytriton wheel's Triton serving GPU copies for
+# `mme capacity`'s GPU path. Runs what the host allows (no TensorRT, no Docker, no network
+# are fine) and says plainly what it skipped and why.
 #
 #   bash tests/gpu/gpu_check.sh [--out DIR] [--require-gpu] [--skip-tests] [--wheels DIR]
-#                               [-- extra options for gpu_check.py run]
+#                               [-- extra options for mme gpu-check run]
 #   bash tests/gpu/gpu_check.sh --download-wheels DIR   (on a machine with pip access)
 #   make gpu-check / make gpu-check-wheels
 #
@@ -96,11 +96,11 @@ summary() {
 }
 
 echo "==> gpu-check: what this host has ($py)"
-facts="$("$py" tests/gpu/gpu_check.py detect)" || {
-    echo "gpu-check: $py tests/gpu/gpu_check.py detect failed" >&2
+facts="$("$py" -m mme gpu-check detect)" || {
+    echo "gpu-check: $py -m mme gpu-check detect failed" >&2
     exit 1
 }
-# Shell assignments, values quoted by the helper (TORCH_CUDA=1, GPU_COUNT=1, TENSORRT=..., ...).
+# Shell assignments, values quoted by mme gpu-check detect (TORCH_CUDA=1, GPU_COUNT=1, TENSORRT=..., ...).
 eval "$facts"
 echo "    torch ${TORCH:-absent} (CUDA usable: ${TORCH_CUDA}), GPUs: ${GPU_COUNT}${GPU_NAME:+ ($GPU_NAME)}," \
      "compute capability: ${COMPUTE_CAPABILITY:-unknown}," \
@@ -142,8 +142,8 @@ else
 fi
 
 # 2. The measurements.
-echo "==> GPU measurements: $py tests/gpu/gpu_check.py run --out $out ${extra[*]+"${extra[*]}"}"
-"$py" tests/gpu/gpu_check.py run --out "$out" "${extra[@]+"${extra[@]}"}"
+echo "==> GPU measurements: $py -m mme gpu-check run --out $out ${extra[*]+"${extra[*]}"}"
+"$py" -m mme gpu-check run --out "$out" "${extra[@]+"${extra[@]}"}"
 rc=$?
 case "$rc" in
     0) ran+=("GPU measurements: figures above, files in $out") ;;

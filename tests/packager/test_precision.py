@@ -131,11 +131,26 @@ def test_layer_precisions_are_read_from_the_inspector():
 
 # -- tolerances and the optimisation profile ------------------------------------------------------
 
-def test_default_tolerances_follow_the_precision():
-    assert gpu.default_atol(1e-4, "fp32", gpu_format=True) == 1e-4
-    assert gpu.default_atol(1e-4, "tf32", gpu_format=True) == gpu.TF32_ATOL == 1e-2
-    assert gpu.default_atol(1e-4, "fp16", gpu_format=True) == gpu.FP16_ATOL
-    assert gpu.default_atol(1e-4, "fp16", gpu_format=False) == 1e-4  # CPU formats are FP32 whatever is asked
+@pytest.mark.parametrize("engine", ["tensorrt", "torch-tensorrt"])
+def test_default_tolerances_follow_the_precision(engine):
+    from packager.formats import FORMATS
+
+    fmt = FORMATS[engine]
+    assert fmt.default_atol(1e-4, "fp32") == 1e-4
+    assert fmt.default_atol(1e-4, "tf32") == gpu.TF32_ATOL == 1e-2
+    assert fmt.default_atol(1e-4, "fp16") == gpu.FP16_ATOL
+    for cpu in ("torchscript", "onnx", "cpu-local"):  # CPU formats are FP32 whatever is asked
+        assert FORMATS[cpu].default_atol(1e-4, "fp16") == 1e-4
+
+
+def test_engine_formats_record_the_tensorrt_their_build_reported():
+    from packager.formats import FORMATS
+    from packager.formats.base import ExportedModel
+
+    built = ExportedModel("torch-tensorrt", {}, (), (), {"tensorrt": "10.13.3.9", "torch_tensorrt": "2.9.0"})
+    versions = FORMATS["torch-tensorrt"].recorded_versions(built)
+    assert versions["tensorrt"] == "10.13.3.9" and versions["torch_tensorrt"] == "2.9.0" and "torch" in versions
+    assert "tensorrt" not in FORMATS["torchscript"].recorded_versions(ExportedModel("torchscript", {}, (), (), {"tensorrt": "x"}))
 
 
 @pytest.mark.parametrize(("max_batch", "opt"), [(1, 1), (2, 2), (3, 2), (4, 2), (8, 4), (16, 8)])

@@ -10,7 +10,7 @@ from mme.errors import UsageError
 from packager.formats import FORMATS
 from packager.formats.base import ExportedModel, positional_names
 from packager.spec import TensorSpec
-from packager.triton_config import TritonOptions, build_config, read_config, to_text, write_config
+from packager.triton_config import ModelConfigError, TritonOptions, build_config, read_config, to_text, write_config
 
 TEXT_INPUTS = (TensorSpec("input_ids", "int64", ("sequence",)), TensorSpec("attention_mask", "int64", ("sequence",)))
 TEXT_OUTPUTS = (TensorSpec("last_hidden_state", "float32", ("sequence", 768)),)
@@ -68,3 +68,23 @@ def test_no_dynamic_batching_and_kind_override():
 def test_bad_options(options, message):
     with pytest.raises(UsageError, match=message):
         options.check()
+
+
+@pytest.mark.parametrize("text", ["platform: [not valid\n", "no_such_field: 1\n"])
+def test_a_bad_config_is_one_typed_error_naming_the_file(tmp_path, text):
+    path = tmp_path / "config.pbtxt"
+    path.write_text(text)
+    with pytest.raises(ModelConfigError, match=r"^m/config\.pbtxt is not a valid Triton model config \(.+\); fix it") as caught:
+        read_config(path, "m/config.pbtxt")
+    assert caught.value.where == "m/config.pbtxt" and caught.value.reason
+    path.write_bytes(b"platform: \"\xff\"\n")
+    with pytest.raises(ModelConfigError, match=str(path)):
+        read_config(path)
+
+
+def test_each_format_carries_its_own_config_parameters():
+    from packager.formats.base import ExportOptions
+
+    options = ExportOptions(cpu_threads=3)
+    assert FORMATS["cpu-local"].triton_parameters(options) == {"intra_op_num_threads": "3", "onnx_file": "model.onnx"}
+    assert all(not FORMATS[name].triton_parameters(options) for name in FORMATS if name != "cpu-local")

@@ -20,7 +20,7 @@ def exported_pair(tmp_path_factory):
     reporter = Reporter(quiet=True)
     model = timm_source.load(ModelRequest("test_resnet", weights="random", seed=0), reporter)
     other = timm_source.load(ModelRequest("test_resnet", weights="random", seed=1), reporter)
-    ctx = ExportContext(model, ExportOptions(max_batch_size=4), tmp_path_factory.mktemp("work"), reporter)
+    ctx = ExportContext(model, ExportOptions(), tmp_path_factory.mktemp("work"), reporter, max_batch_size=4)
     fmt = FORMATS["onnx"]
     exported = fmt.export(ctx)
     return model, other, fmt, exported, ctx

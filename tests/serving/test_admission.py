@@ -7,9 +7,8 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 
-import requests
-
 from serving.admission import Admission, LoadedEntry
+from serving.container import ContainerTimedOut
 
 LIMIT = 100  # with the 0.9 threshold: 90 bytes may be used
 THRESHOLD = 0.9
@@ -40,7 +39,7 @@ class FakeContainer:
         if target in self.gates:
             await self.gates[target].wait()
         if target in self.stuck:
-            raise requests.Timeout(f"unload of {target} did not finish in {timeout_s} s")
+            raise ContainerTimedOut(f"unload of {target} did not finish in {timeout_s} s")
         self.used -= self.sizes.pop(target, 0)
         self.finished.append(target)
 

@@ -29,6 +29,32 @@ def test_capacity_prediction_matches_what_fits(packaged_test_resnet, tmp_path, c
     assert f"predicted {predicted}, actual {actual}" in out
 
 
+def test_both_loops_share_one_report_from_their_readings():
+    """Readings -> footprint -> prediction -> copies that fit -> projections: build_report, used
+    by the local loop and by the one against an endpoint (serving.capacity_remote)."""
+    import pytest
+
+    from serving.capacity import Footprint, Readings, build_report
+
+    mib = 2**20
+    readings = Readings("m", "onnx", "host RSS", 1000 * mib, 0.9, 100 * mib)
+    for memory in (200, 300, 450, 460):
+        readings.record(memory * mib, 0.5)
+    assert [(s.copies, s.delta_bytes // mib) for s in readings.steps] == [(1, 100), (2, 100), (3, 150), (4, 10)]
+    instances = {"ml.small": {"gpu": "T4", "gpu_memory_gib": 1}, "ml.big": {"gpu": "L40S", "gpu_memory_gib": 4}}
+    report = build_report(readings, readings.steps[:2], instances=instances)
+    assert report.footprint_mean_bytes == 100 * mib and report.footprint_max_bytes == 100 * mib
+    assert report.predicted_copies == 8 and report.actual_copies == 4  # (900 - 100) / 100; all four under 900 MiB
+    assert [(p.instance_type, p.gpu, p.copies) for p in report.projections] == [("ml.small", "T4", 8),
+                                                                                 ("ml.big", "L40S", 35)]
+    every = build_report(readings, verified=False, instances=instances)
+    assert every.footprint_min_bytes == 10 * mib and every.footprint_mean_bytes == 90 * mib
+    assert every.actual_copies is None and every.predicted_copies == 8 and every.steps == tuple(readings.steps)
+    assert Footprint.of(readings.steps[2:]).line() == "per copy 80 MiB (min 10, max 150)"
+    with pytest.raises(ValueError):
+        Footprint.of([])
+
+
 def test_capacity_bad_artifact(tmp_path, capsys):
     code = main(["capacity", str(tmp_path)])
     err = capsys.readouterr().err
@@ -67,9 +93,14 @@ class TritonBackedGpu:
         import psutil
 
         used = 256 << 20  # the driver's own reservation
-        for proc in psutil.process_iter(["name", "memory_info"]):
-            if proc.info["name"] in ("tritonserver", "triton_python_backend_stub") and proc.info["memory_info"]:
-                used += proc.info["memory_info"].rss
+        # Only this test's Triton (a descendant of this process): other test runs on the host
+        # start and stop their own, which would make copies look like they freed memory.
+        for proc in psutil.Process().children(recursive=True):
+            try:
+                if proc.name() in ("tritonserver", "triton_python_backend_stub"):
+                    used += proc.memory_info().rss
+            except psutil.NoSuchProcess:
+                continue  # exited between the listing and the reading
         return used
 
     def nvmlDeviceGetMemoryInfo(self, handle):

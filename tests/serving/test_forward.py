@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 
 from serving.cache import cache_key
-from serving.container import TARGET_HEADER
+from serving.container import TARGET_HEADER, ContainerUnreachable
 from serving.forward import Forwarder, InvocationTimedOut
 
 
@@ -98,15 +98,13 @@ def test_while_a_load_is_in_flight_a_stalled_request_is_sent_again_and_the_first
 
 
 def test_when_every_copy_fails_the_failure_is_raised():
-    import aiohttp
-
     async def main():
         container = Container(stall=1, fail=0)
         runner, url = await serve(container)
         await runner.cleanup()  # nothing listens any more: every copy fails to connect
         forwarder = Forwarder(url, 5.0, loads_in_flight=lambda: 1)
         try:
-            with pytest.raises(aiohttp.ClientError):
+            with pytest.raises(ContainerUnreachable, match="Cannot connect"):
                 await forwarder.invoke("m.tar.gz", b"{}", "application/json", None)
         finally:
             await forwarder.close()

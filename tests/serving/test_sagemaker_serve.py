@@ -330,7 +330,8 @@ def test_local_kind_passes_the_settings_and_drops_what_2_51_lacks(wheel, tmp_pat
     import psutil
 
     from serving.container import ContainerClient
-    from serving.triton.base import TritonServerError, ping_status
+    from serving.container import ping_status
+    from serving.triton.base import TritonServerError
     from serving.triton.local import LocalTritonServer
 
     settings = {"SAGEMAKER_TRITON_SHM_DEFAULT_BYTE_SIZE": str(3 << 20), "SAGEMAKER_TRITON_LOG_VERBOSE": "false",
@@ -369,7 +370,7 @@ def test_system_kind_runs_the_serve_script_end_to_end(wheel, tmp_path):
     import psutil
 
     from serving.container import ContainerClient
-    from serving.triton.base import ping_status
+    from serving.container import ping_status
     from serving.triton.system import SystemTritonServer
 
     dist, backends = wheel

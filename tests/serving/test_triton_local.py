@@ -147,7 +147,7 @@ def test_load_of_missing_directory_fails_with_the_container_message(client, tmp_
 def test_config_at_url_root_is_refused_outside_opt_ml_models(client, packaged_test_resnet, tmp_path):
     # Triton accepts a url with config.pbtxt at its root only as /opt/ml/models/<hash>/model;
     # elsewhere the url must be the directory that holds the model directory.
-    model_dir = packaged_test_resnet.extract(tmp_path / "x") / packaged_test_resnet.manifest["model"]
+    model_dir = packaged_test_resnet.extract(tmp_path / "x") / packaged_test_resnet.manifest.model
     with pytest.raises(ModelLoadFailed) as info:
         client.load("rooted.tar.gz", str(model_dir))
     assert info.value.status == 400

@@ -1,4 +1,5 @@
-"""Helpers for tests/serving_store: hand-built tarballs, free ports, directory listings."""
+"""Helpers for tests/serving_store: hand-built tarballs, free ports, directory listings, a source
+that watches the cache's downloads, threads started together."""
 
 from __future__ import annotations
 
@@ -6,13 +7,17 @@ import gzip
 import io
 import tarfile
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from serving.errors_sagemaker import HttpReply
-from serving.triton.base import free_ports
+from serving.store import ModelSource, ObjectInfo
+from serving.triton.config import free_ports
+
+T = TypeVar("T")
 
 CONFIG = 'backend: "python"\nmax_batch_size: 4\n'
 ENSEMBLE_CONFIG = """platform: "ensemble"
@@ -80,6 +85,55 @@ def model_members(name: str = "tiny", config: str = CONFIG) -> list[Member]:
 
 def free_port() -> int:
     return free_ports(1)[0]
+
+
+class WatchedSource(ModelSource):
+    """A real source behind a wrapper that sees each download start (:meth:`on_download`, under
+    a lock) and can make each one slow (``delay_s``)."""
+
+    def __init__(self, inner: ModelSource, delay_s: float = 0.0) -> None:
+        self.inner = inner
+        self.uri = inner.uri
+        self.delay_s = delay_s
+        self._lock = threading.Lock()
+
+    def on_download(self, target: str) -> None:
+        """Called as the download of ``target`` starts, one call at a time."""
+
+    def list_targets(self) -> tuple[ObjectInfo, ...]:
+        return self.inner.list_targets()
+
+    def stat(self, target: str) -> ObjectInfo:
+        return self.inner.stat(target)
+
+    def download(self, target: str, dest: Path) -> ObjectInfo:
+        with self._lock:
+            self.on_download(target)
+        time.sleep(self.delay_s)
+        return self.inner.download(target, dest)
+
+
+def run_together(work: Callable[[int], T], threads: int = 8, timeout_s: float = 30.0) -> tuple[list[T], list[BaseException]]:
+    """``work(i)`` on ``threads`` threads released at once (a barrier): what they returned and
+    what they raised. AssertionError when a thread is still running after ``timeout_s``."""
+    start = threading.Barrier(threads)
+    results: list[T] = []
+    errors: list[BaseException] = []
+
+    def run(index: int) -> None:
+        try:
+            start.wait()
+            results.append(work(index))
+        except BaseException as exc:  # noqa: BLE001 (returned to the test)
+            errors.append(exc)
+
+    started = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for thread in started:
+        thread.start()
+    for thread in started:
+        thread.join(timeout_s)
+    assert not any(t.is_alive() for t in started), f"threads still running after {timeout_s:g} s"
+    return results, errors
 
 
 def tree(root: Path) -> list[str]:

@@ -19,34 +19,22 @@ import pytest
 
 from serving.cache import ENTRY_FILE, ModelCache, cache_key, disk_usage
 from serving.extract import ExceedsDiskBudget
-from serving.store import LocalDirSource, ModelSource, ObjectInfo
-from tests.serving_store.store_helpers import Member, model_members, write_tarball
+from serving.store import LocalDirSource, ModelSource
+from tests.serving_store.store_helpers import Member, WatchedSource, model_members, run_together, write_tarball
 
 WEIGHTS = 48 * 1024
 
 
-class RecordingSource(ModelSource):
+class RecordingSource(WatchedSource):
     """A real source; records the cache's usage when each download starts, can be slow."""
 
     def __init__(self, inner: ModelSource, delay_s: float = 0.0) -> None:
-        self.inner = inner
-        self.uri = inner.uri
-        self.delay_s = delay_s
+        super().__init__(inner, delay_s)
         self.cache: ModelCache | None = None
         self.usage_at_download: list[tuple[str, int]] = []
-        self._lock = threading.Lock()
 
-    def list_targets(self) -> tuple[ObjectInfo, ...]:
-        return self.inner.list_targets()
-
-    def stat(self, target: str) -> ObjectInfo:
-        return self.inner.stat(target)
-
-    def download(self, target: str, dest: Path) -> ObjectInfo:
-        with self._lock:
-            self.usage_at_download.append((target, self.cache.usage_bytes() if self.cache else 0))
-        time.sleep(self.delay_s)
-        return self.inner.download(target, dest)
+    def on_download(self, target: str) -> None:
+        self.usage_at_download.append((target, self.cache.usage_bytes() if self.cache else 0))
 
 
 def _model_tarball(path: Path, name: str, seed: int) -> Path:
@@ -203,35 +191,24 @@ def test_concurrent_fetches_with_pruning_leave_a_consistent_cache(tmp_path: Path
             return held[target] > 0
 
     cache, source = _cache(tmp_path, models_dir, 2 * size + size // 2, in_use=in_use, delay_s=0.005)
-    errors: list[BaseException] = []
-    start = threading.Barrier(8)
 
     def worker(seed: int) -> None:
         rng = random.Random(seed)
-        try:
-            start.wait()
-            for _ in range(12):
-                target = f"m{rng.randrange(8)}.tar.gz"
+        for _ in range(12):
+            target = f"m{rng.randrange(8)}.tar.gz"
+            with held_lock:
+                held[target] += 1
+            try:
+                cached = cache.fetch(target)
+                name = target.split(".")[0]
+                time.sleep(rng.random() * 0.005)  # "loaded": the container reads the files now
+                assert (cached.model_dir / name / "config.pbtxt").read_text()
+                assert (cached.model_dir / name / "1" / "weights.bin").stat().st_size == WEIGHTS
+            finally:
                 with held_lock:
-                    held[target] += 1
-                try:
-                    cached = cache.fetch(target)
-                    name = target.split(".")[0]
-                    time.sleep(rng.random() * 0.005)  # "loaded": the container reads the files now
-                    assert (cached.model_dir / name / "config.pbtxt").read_text()
-                    assert (cached.model_dir / name / "1" / "weights.bin").stat().st_size == WEIGHTS
-                finally:
-                    with held_lock:
-                        held[target] -= 1
-        except BaseException as exc:  # noqa: BLE001 (reported by the main thread)
-            errors.append(exc)
+                    held[target] -= 1
 
-    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads)
+    _, errors = run_together(worker, timeout_s=120)
     assert errors == []
     stats = cache.stats
     assert stats.pruned > 0 and stats.downloads > 8

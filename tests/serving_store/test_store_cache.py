@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -13,30 +11,18 @@ from mme.fsutil import sha256_of
 from serving.cache import CachedModel, ModelCache, cache_key
 from serving.extract import CorruptArtifact, UnsafeArtifact
 from serving.store import ArtifactChanged, InvalidTargetName, LocalDirSource, ModelSource, ObjectInfo, TargetNotFound, source_from_uri
-from tests.serving_store.store_helpers import Member, model_members, tree, write_tarball
+from tests.serving_store.store_helpers import Member, WatchedSource, model_members, run_together, tree, write_tarball
 
 
-class CountingSource(ModelSource):
+class CountingSource(WatchedSource):
     """Wraps a source; counts downloads and can make each one slow."""
 
     def __init__(self, inner: ModelSource, delay_s: float = 0.0) -> None:
-        self.inner = inner
-        self.uri = inner.uri
-        self.delay_s = delay_s
+        super().__init__(inner, delay_s)
         self.downloads: list[str] = []
-        self._lock = threading.Lock()
 
-    def list_targets(self) -> tuple[ObjectInfo, ...]:
-        return self.inner.list_targets()
-
-    def stat(self, target: str) -> ObjectInfo:
-        return self.inner.stat(target)
-
-    def download(self, target: str, dest: Path) -> ObjectInfo:
-        with self._lock:
-            self.downloads.append(target)
-        time.sleep(self.delay_s)
-        return self.inner.download(target, dest)
+    def on_download(self, target: str) -> None:
+        self.downloads.append(target)
 
 
 @pytest.fixture
@@ -102,22 +88,7 @@ def test_evict_removes_the_copy(tmp_path: Path, models_dir: Path) -> None:
 
 def test_single_flight_one_download_for_eight_threads(tmp_path: Path, models_dir: Path) -> None:
     cache, source = _cache(tmp_path, models_dir, delay_s=0.3)
-    barrier = threading.Barrier(8)
-    results: list[CachedModel] = []
-    errors: list[BaseException] = []
-
-    def worker() -> None:
-        barrier.wait()
-        try:
-            results.append(cache.fetch("tiny-v1.tar.gz"))
-        except BaseException as exc:  # collected and asserted on below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=worker) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    results, errors = run_together(lambda _: cache.fetch("tiny-v1.tar.gz"))
     assert errors == []
     assert source.downloads == ["tiny-v1.tar.gz"]
     assert len(results) == 8 and all(r is results[0] for r in results)  # literally the same record
@@ -126,21 +97,7 @@ def test_single_flight_one_download_for_eight_threads(tmp_path: Path, models_dir
 def test_single_flight_failure_reaches_every_waiter_and_leaves_nothing(tmp_path: Path, models_dir: Path) -> None:
     (models_dir / "bad.tar.gz").write_bytes(b"\x1f\x8b\x08\x00 not really gzip" * 100)
     cache, source = _cache(tmp_path, models_dir, delay_s=0.3)
-    barrier = threading.Barrier(8)
-    errors: list[BaseException] = []
-
-    def worker() -> None:
-        barrier.wait()
-        try:
-            cache.fetch("bad.tar.gz")
-        except BaseException as exc:  # collected and asserted on below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=worker) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    _, errors = run_together(lambda _: cache.fetch("bad.tar.gz"))
     assert len(errors) == 8 and all(isinstance(e, CorruptArtifact) for e in errors)
     assert source.downloads == ["bad.tar.gz"]
     assert tree(tmp_path / "cache") == []

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import json
 import os
 import random
 import tarfile
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from mme.fsutil import sha256_of
+from packager.manifest import Manifest
 from serving.extract import (
     ArtifactTooLarge,
     CorruptArtifact,
@@ -36,12 +36,12 @@ def test_real_artifact_unpacks_to_one_model_directory(resnet_artifact, tmp_path:
     assert result.models == ("test_resnet",)
     assert result.sha256 == sha256_of(resnet_artifact.tarball)
     assert result.tarball_bytes == resnet_artifact.tarball.stat().st_size
-    manifest = json.loads((resnet_artifact.directory / "manifest.json").read_text())
-    packaged = {f["path"]: f["sha256"] for f in manifest["files"] if f["path"].startswith("test_resnet/")}
+    manifest = Manifest.load(resnet_artifact.directory)
+    packaged = {f.path: f.sha256 for f in manifest.files if f.path.startswith("test_resnet/")}
     assert packaged, "the manifest lists the model directory's files"
     for rel, digest in packaged.items():
         assert sha256_of(dest / rel) == digest, rel
-    assert result.total_bytes == sum(f["bytes"] for f in manifest["files"] if f["path"].startswith("test_resnet/"))
+    assert result.total_bytes == sum(f.bytes for f in manifest.files if f.path.startswith("test_resnet/"))
     assert tree(dest.parent) == tree(dest.parent.parent / "abc")  # nothing but the model: no staging left
     assert [p.name for p in dest.parent.iterdir()] == ["model"]
     print(f"\nextract test_resnet ({result.tarball_bytes} B -> {result.total_bytes} B): {result.seconds * 1000:.1f} ms; "

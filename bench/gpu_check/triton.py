@@ -1,0 +1,107 @@
+"""Step 5's parts: a python-backend copy of a TorchScript artifact that runs it with PyTorch
+on CUDA (the nvidia-pytriton wheel's tritonserver has the python backend only), laid out
+like ``mme package`` output so ``mme capacity`` can size it, and one copy of it served by
+that Triton through the local MME's container API and compared with PyTorch.
+
+The Triton model itself is :mod:`bench.gpu_check.torchscript_cuda_model` (copied into the
+model directory as ``model.py``; it runs inside Triton, not here).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+PYTHON_MODEL = Path(__file__).with_name("torchscript_cuda_model.py")
+
+
+@dataclass(frozen=True)
+class OneCopy:
+    load_s: float
+    output_shape: list[int]
+    max_abs_diff_vs_pytorch: float
+
+
+def gpu_python_model(torchscript: Path, out: Path, device: str = "cuda") -> Path:
+    """The python-backend artifact (model directory, tarball, manifest) under ``out``."""
+    from dataclasses import replace
+
+    from mme.fsutil import deterministic_tar_gz
+    from packager.layout import file_entries
+    from packager.manifest import Manifest, Validation
+    from packager.triton_config import read_config, write_config
+
+    manifest = Manifest.load(torchscript)
+    name = manifest.model
+    artifact = out / "torchscript-cuda-python"
+    model_dir = artifact / name
+    (model_dir / "1").mkdir(parents=True)
+    config = read_config(torchscript / name / "config.pbtxt")
+    config.ClearField("platform")
+    config.backend = "python"
+    for group in config.instance_group:  # the model puts itself on the GPU
+        group.kind = type(group).Kind.Value("KIND_CPU")
+    config.parameters["device"].string_value = device
+    write_config(config, model_dir / "config.pbtxt")
+    shutil.copyfile(torchscript / name / "1" / "model.pt", model_dir / "1" / "model.pt")
+    shutil.copyfile(PYTHON_MODEL, model_dir / "1" / "model.py")
+    sample = manifest.sample_request
+    for sample_file in (sample.json_file, sample.binary_file):
+        if (torchscript / sample_file).is_file():
+            shutil.copyfile(torchscript / sample_file, artifact / sample_file)
+    tarball = artifact / f"{name}.tar.gz"
+    deterministic_tar_gz(model_dir, name, tarball)
+    replace(
+        manifest, format="torchscript-cuda-python", tarball=tarball.name, files=file_entries(artifact),
+        triton=replace(manifest.triton, platform=None, backend="python", instance_kind="KIND_GPU",
+                       max_batch_size=config.max_batch_size),
+        validation=Validation(passed=None, skipped="a python-backend copy of the torchscript artifact for the GPU "
+                              "check, which compares its outputs with PyTorch itself"),
+    ).write(artifact)
+    return artifact
+
+
+def kserve_json(name: str, array) -> bytes:
+    """A KServe v2 JSON request with one FP32 input."""
+    return json.dumps({"inputs": [{"name": name, "shape": list(array.shape), "datatype": "FP32",
+                                   "data": array.ravel().tolist()}]}).encode()
+
+
+def triton_serves_a_gpu_copy(artifact: Path, torchscript: Path, device: str = "cuda") -> OneCopy:
+    """One copy loaded into the wheel's Triton the way the local MME loads it, invoked, and
+    compared with PyTorch on ``device``."""
+    import numpy as np
+    import torch
+
+    from packager.manifest import Manifest
+    from serving.cache import ModelCache
+    from serving.container import ContainerClient
+    from serving.store import LocalDirSource
+    from serving.triton.base import TritonServerConfig
+    from serving.triton.local import LocalTritonServer
+
+    manifest = Manifest.load(artifact)
+    with tempfile.TemporaryDirectory(prefix="mme-gpu-check-cache-") as tmp:
+        cache = ModelCache(Path(tmp), LocalDirSource(artifact))
+        server = LocalTritonServer(TritonServerConfig(sagemaker_port=0, grpc_port=None, metrics_port=None))
+        with server:
+            cached = cache.fetch(manifest.tarball)
+            started = time.perf_counter()
+            with ContainerClient(server.sagemaker_url, timeout_s=120, load_timeout_s=300) as control:
+                control.load(cached.container_name, server.model_url(cached.model_dir), target=manifest.tarball)
+                load_s = time.perf_counter() - started
+                x = np.random.default_rng(0).standard_normal((2, *manifest.inputs[0].dims), dtype=np.float32)
+                reply = control.invoke(cached.container_name, kserve_json(manifest.inputs[0].name, x),
+                                       "application/json", target=manifest.tarball)
+        if reply.status != 200:
+            raise RuntimeError(f"invoke answered {reply.status}: {reply.body[:300]!r}")
+        out = reply.json()["outputs"][0]
+        got = np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
+    module = torch.jit.load(str(torchscript / manifest.model / "1" / "model.pt"), map_location=device).eval()
+    with torch.inference_mode():
+        want = module(torch.from_numpy(x).to(device)).float().cpu().numpy()
+    return OneCopy(round(load_s, 2), list(got.shape), float(np.max(np.abs(got - want))))

@@ -1,0 +1,241 @@
+"""What a load test was asked for, typed: ``BenchRequest``, and ``start_bench`` that checks it
+and runs it.
+
+``mme bench`` fills a request from its options (their defaults are this record's defaults);
+library callers (``mme demo``) build one directly. Everything a user can get wrong is
+checked in ``build_config`` before the run directory exists: payload, shape, targets, the
+endpoint answering. The run itself happens in a fresh ``python -m bench.run`` process
+(Locust monkey-patches the standard library on import), which writes ``<out>/<run-id>/``;
+Ctrl-C and SIGTERM are passed on to it, so it stops its users and saves what was measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, fields, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mme.errors import OutputDirError, UsageError
+from mme.process import child_env
+from mme.progress import Reporter
+
+if TYPE_CHECKING:
+    from bench.config import BenchConfig
+
+CHILD_GRACE_S = 60.0  # after Ctrl-C, how long the generator may take to save its results
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    """One load test. Field names are ``mme bench``'s option names; defaults are its defaults."""
+
+    endpoint: str
+    endpoint_url: str | None = None
+    region: str | None = None
+    mode: str = "multi"  # multi: a TargetModel per request; single: a real-time endpoint
+    model: str | None = None
+    copies: int = 1
+    distribution: str = "uniform"
+    target_template: str | None = None
+    instance_type: str | None = None
+    artifact: str | None = None
+    binary: bool = False
+    payload: str | None = None
+    content_type: str | None = None
+    accept: str = "*/*"
+    shape: str = "staged"
+    users: int | None = None
+    duration: float | None = None
+    steps: int | None = None
+    rate: float | None = None
+    max_inflight: int = 1000
+    time_scale: float | None = None
+    wait: tuple[float, float] = (0.05, 0.5)
+    client: str = "fast"
+    workers: int = 1
+    expect_workers: int = 0
+    master_bind_host: str | None = None
+    master_port: int = 0
+    worker_wait: float = 60.0
+    timeout: float = 60.0
+    seed: int | None = None
+    stop_on_failure: bool = False
+    max_p95_ms: float | None = None
+    out: str = "results"
+    run_id: str | None = None
+    progress_interval: float = 5.0
+    metrics_interval: float = 10.0
+    quiet: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "BenchRequest":
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
+DEFAULTS = BenchRequest(endpoint="")
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """How a run ended: the generator's exit code, the signal that stopped it (if any) and its directory."""
+
+    run_dir: Path
+    code: int
+    stopped_by: int | None = None
+
+    @property
+    def partial(self) -> bool:
+        return (self.run_dir / "requests.csv").exists()
+
+
+def build_config(request: BenchRequest, run_id: str, run_dir: Path) -> "BenchConfig":
+    """The generator's configuration, every option checked (UsageError names the one to fix)."""
+    from bench import payload as payloads
+    from bench.config import BenchConfig
+    from bench.endpoint import check_reachable, resolve_address, resolve_credentials
+    from bench.stages import build_plan
+    from bench.targets import DEFAULT_TEMPLATE, parse_distribution, target_names
+
+    r = request
+    if r.artifact and r.payload:
+        raise UsageError("give --artifact or --payload, not both")
+    if r.binary and not r.artifact:
+        raise UsageError("--binary picks the artifact's binary sample request; it needs --artifact")
+    if r.content_type and not r.payload:
+        raise UsageError("--content-type goes with --payload (an artifact's content type is in its manifest)")
+    if r.artifact:
+        payload = payloads.from_artifact(Path(r.artifact), binary=r.binary)
+    elif r.payload:
+        payload = payloads.from_file(Path(r.payload), r.content_type)
+    elif r.mode == "single":
+        payload = payloads.default_single_model()
+    else:
+        raise UsageError("a multi-model bench needs a request body: --artifact artifacts/<model>/<format> "
+                         "or --payload FILE --content-type CT")
+
+    distribution = parse_distribution(r.distribution)
+    if r.mode == "multi":
+        model = r.model or payload.model
+        if not model:
+            raise UsageError("name the model for the target names with --model (or use --artifact)")
+        targets = target_names(model, r.copies, r.target_template or DEFAULT_TEMPLATE)
+    else:
+        if r.copies != 1 or r.target_template or r.distribution != "uniform":
+            raise UsageError("--mode single sends no TargetModel: --copies, --distribution and --target-template "
+                             "apply to multi-model endpoints")
+        model, targets = r.model or payload.model, ()
+
+    plan = build_plan(r.shape, users=r.users, duration_s=r.duration, rate=r.rate, time_scale=r.time_scale,
+                      steps=r.steps)
+    if r.rate is not None and not plan.open_loop:
+        raise UsageError("--rate applies to --shape open-loop")
+    if r.expect_workers < 0:
+        raise UsageError(f"--expect-workers must be 0 or more (got {r.expect_workers})")
+    if not 0 <= r.master_port < 65536:
+        raise UsageError(f"--master-port must be between 0 and 65535 (got {r.master_port})")
+    if r.expect_workers and not r.master_port:
+        raise UsageError("remote workers need a known port: give --master-port (e.g. 5557) with --expect-workers")
+
+    address = resolve_address(r.endpoint, r.endpoint_url, r.region)
+    _, credentials_note = resolve_credentials(address)
+    check_reachable(address)
+
+    bind = r.master_bind_host or ("0.0.0.0" if r.expect_workers else "127.0.0.1")
+    return BenchConfig(
+        run_id=run_id, run_dir=str(run_dir), endpoint=address.name, endpoint_url=address.url,
+        custom_url=address.custom_url, region=address.region, mode=r.mode, model=model, format=payload.format,
+        instance_type=r.instance_type or ("local" if address.is_local else None), targets=targets,
+        distribution=str(distribution), client=r.client, workers=r.workers, expect_workers=r.expect_workers,
+        master_bind_host=bind, master_port=r.master_port, worker_wait_s=r.worker_wait, plan=plan.to_json(),
+        shape=plan.kind, time_scale=r.time_scale, wait_min_s=r.wait[0], wait_max_s=r.wait[1],
+        max_inflight=r.max_inflight, content_type=payload.content_type, accept=r.accept or None,
+        payload_b64=base64.b64encode(payload.body).decode(), payload_source=payload.source,
+        stop_on_failure=r.stop_on_failure, max_p95_ms=r.max_p95_ms, timeout_s=r.timeout,
+        progress_interval_s=r.progress_interval, metrics_interval_s=r.metrics_interval, quiet=r.quiet,
+        credentials_note=credentials_note, seed=r.seed,
+    )
+
+
+def new_run_id(label: str | None, now: datetime | None = None) -> str:
+    stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%d-%H%M%S")
+    clean = re.sub(r"[^A-Za-z0-9_.-]+", "-", label or "").strip("-.")
+    return f"{stamp}-{clean}" if clean else stamp
+
+
+def _make_run_dir(out: Path, run_id: str, explicit: bool) -> tuple[str, Path]:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        candidate, n = run_id, 1
+        while True:
+            run_dir = out / candidate
+            try:
+                run_dir.mkdir()
+                return candidate, run_dir
+            except FileExistsError:
+                if explicit:
+                    raise OutputDirError(f"{run_dir} already exists; choose another --run-id") from None
+                n += 1
+                candidate = f"{run_id}-{n}"
+    except OSError as exc:
+        raise OutputDirError(f"cannot create the run directory under {out} ({exc.strerror}); choose another --out") from None
+
+
+class _Terminated(Exception):
+    """SIGTERM reached the process that started the run."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise _Terminated
+
+
+def run_child(command: list[str], reporter: Reporter) -> tuple[int, int | None]:
+    """Run a generator process; Ctrl-C and SIGTERM are passed on (the generator stops its
+    users and saves what was measured). Returns its exit code and the signal that stopped the
+    run, if any."""
+    child = subprocess.Popen(command, env=child_env())
+    stopped_by: int | None = None
+    main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
+    try:
+        while True:
+            try:
+                return child.wait(timeout=CHILD_GRACE_S if stopped_by else None), stopped_by
+            except (KeyboardInterrupt, _Terminated) as exc:
+                sig = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM
+                if stopped_by is None:
+                    stopped_by = sig
+                    if child.poll() is None:
+                        child.send_signal(sig)
+                    continue
+                child.kill()
+                return child.wait(), stopped_by
+            except subprocess.TimeoutExpired:
+                reporter.warn("the load generator did not stop in time; killing it (results may be partial)")
+                child.kill()
+                return child.wait(), stopped_by
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def start_bench(request: BenchRequest, reporter: Reporter) -> BenchResult:
+    """Check ``request``, make its run directory and run the load generator to its end."""
+    # Everything is checked before the run directory exists: nothing is created for a run that cannot start.
+    config = build_config(request, "", Path())
+    label = config.model or config.endpoint
+    run_id, run_dir = _make_run_dir(Path(request.out), request.run_id or new_run_id(label), bool(request.run_id))
+    config = replace(config, run_id=run_id, run_dir=str(run_dir.resolve()))
+    with tempfile.TemporaryDirectory(prefix="mme-bench-") as tmp:
+        config_path = Path(tmp) / "config.json"
+        config.write(config_path)
+        code, stopped_by = run_child([sys.executable, "-m", "bench.run", "--config", str(config_path)], reporter)
+    return BenchResult(run_dir, code, stopped_by)

@@ -1,0 +1,41 @@
+"""bench.request.BenchRequest: the typed request behind `mme bench`, built by the CLI and by
+library callers (`mme demo`) alike."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from bench.request import DEFAULTS, BenchRequest, build_config
+from mme.cli import build_parser
+from mme.errors import UsageError
+
+
+def _parsed(*argv: str) -> BenchRequest:
+    return BenchRequest.from_args(build_parser().parse_args(["bench", *argv]))
+
+
+def test_the_command_line_defaults_are_the_request_defaults() -> None:
+    assert _parsed("--endpoint", "e") == BenchRequest(endpoint="e")
+
+
+def test_every_option_reaches_its_field() -> None:
+    request = _parsed("--endpoint", "e", "--copies", "3", "--shape", "constant", "--users", "4", "--duration", "9",
+                      "--wait", "0.1,0.2", "--client", "boto3", "--max-p95-ms", "250", "--run-id", "r1", "--seed", "7")
+    assert (request.copies, request.shape, request.users, request.duration) == (3, "constant", 4, 9.0)
+    assert (request.wait, request.client, request.max_p95_ms, request.run_id, request.seed) == ((0.1, 0.2), "boto3", 250.0, "r1", 7)
+    assert {f.name for f in fields(BenchRequest)} >= {"endpoint", "quiet"}
+    assert DEFAULTS.wait == (0.05, 0.5)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"artifact": "a", "payload": "p"}, "not both"),
+    ({"binary": True}, "needs --artifact"),
+    ({"mode": "single", "copies": 2}, "--mode single sends no TargetModel"),
+    ({"mode": "multi"}, "needs a request body"),
+])
+def test_a_library_caller_gets_the_same_one_line_errors(change: dict, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        build_config(BenchRequest(endpoint="e", endpoint_url="http://127.0.0.1:9", **change), "", Path())
