@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench.request import DEFAULTS, BenchRequest, run_child, start_bench
+from bench.request import DEFAULTS, BenchRequest, run_child, start_bench, worker_token_env
 from mme.argtypes import positive_float, positive_int
 from mme.errors import MmeError
 from mme.progress import Reporter
@@ -88,9 +88,13 @@ def register_bench(subparsers) -> None:
                      "with --expect-workers only the remote workers generate load unless K > 1)")
     gen.add_argument("--expect-workers", type=int, default=DEFAULTS.expect_workers, metavar="N",
                      help="also wait for N 'mme bench-worker' processes from other machines")
-    gen.add_argument("--master-bind-host", default=None, metavar="HOST",
-                     help="where the master listens (default: 127.0.0.1; 0.0.0.0 with --expect-workers)")
+    gen.add_argument("--master-bind-host", default=None, metavar="ADDRESS",
+                     help="where the master listens (default: 127.0.0.1, this machine only); give this host's "
+                     "address to accept 'mme bench-worker' from other machines")
     gen.add_argument("--master-port", type=int, default=DEFAULTS.master_port, metavar="PORT", help="master port (default: any free port)")
+    gen.add_argument("--worker-token", default=None, metavar="TOKEN",
+                     help="shared secret workers must present (default: $MME_BENCH_WORKER_TOKEN, else one is "
+                     "made for the run and printed in the line that says how to join)")
     gen.add_argument("--worker-wait", type=positive_float, default=DEFAULTS.worker_wait, metavar="S",
                      help="how long to wait for workers to connect (default: 60)")
     gen.add_argument("--timeout", type=positive_float, default=DEFAULTS.timeout, metavar="S", help="per-request timeout (default: 60)")
@@ -118,6 +122,8 @@ def register_worker(subparsers) -> None:
     )
     p.add_argument("--master-host", required=True, help="the machine running 'mme bench'")
     p.add_argument("--master-port", type=int, default=5557, help="its --master-port (default: %(default)s)")
+    p.add_argument("--token", default=None, help="the master's worker token, as its 'waiting for' line prints it "
+                   "(default: $MME_BENCH_WORKER_TOKEN)")
     p.set_defaults(func=run_worker)
 
 
@@ -139,5 +145,5 @@ def run_worker(args: argparse.Namespace) -> int:
     reporter = Reporter(quiet=args.quiet)
     reporter.info(f"==> bench worker joining {args.master_host}:{args.master_port}; Ctrl-C leaves")
     command = [sys.executable, "-m", "bench.worker", "--master-host", args.master_host, "--master-port", str(args.master_port)]
-    code, _ = run_child(command, reporter)
+    code, _ = run_child(command, reporter, worker_token_env(args.token))  # the environment, not 'ps', carries it
     return code

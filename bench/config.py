@@ -3,18 +3,33 @@
 ``mme bench`` builds and checks it, then hands it to ``python -m bench.run`` (a fresh process:
 Locust monkey-patches the standard library on import); the master sends it on to every worker
 that connects, local or remote. Credentials are not in it: each process reads its own from
-botocore's chain.
+botocore's chain. Nor is the token workers present to the master (it would otherwise reach
+every worker, token or not): it travels in the environment, ``MME_BENCH_WORKER_TOKEN``.
 """
 
 from __future__ import annotations
 
 import base64
+import ipaddress
 import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from bench.endpoint import EndpointAddress
 from bench.stages import LoadPlan
+
+TOKEN_ENV = "MME_BENCH_WORKER_TOKEN"  # the shared token workers present to the master
+LOOPBACK = "127.0.0.1"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a master bound to ``host`` is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any address
 
 
 @dataclass(frozen=True)

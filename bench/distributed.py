@@ -5,10 +5,16 @@ The master sends the bench configuration to each worker as it connects (custom m
 ships them in every ``report_to_master`` (every 3 s) and in one more report, marked final, as
 soon as its users stop; with ``--stop-on-failure`` it also reports its first failure at once
 (``bench_failure``) instead of waiting for the next report.
+
+Locust's master protocol has no authentication, so the master admits only workers that
+present the run's shared token in their configuration request: until then a connection is
+not one of the runner's clients (never counted, never given users, its messages dropped);
+a wrong or missing token gets a refusal (``bench_refused``) and Locust's ``quit``.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import sys
 import time
@@ -26,6 +32,8 @@ CONFIG_MSG = "bench_config"
 CONFIG_REQUEST_MSG = "bench_config_request"
 FAILURE_MSG = "bench_failure"
 WORKER_ERROR_MSG = "bench_worker_error"
+REFUSED_MSG = "bench_refused"
+REFUSED_ERROR = "the bench master refused this worker: wrong or missing --token"
 REPORT_KEY = "bench"
 
 _NOISE = ("spawn rate is very high", "CPU usage above", "exceeded cpu threshold", "CPU usage threshold was exceeded")
@@ -55,8 +63,9 @@ def _payload(recorder: Recorder, final: bool) -> dict:
             "open_loop": STATE.open_loop.as_dict(), "final": final}
 
 
-def attach_worker(environment, runner, on_configured: Callable[[], None] | None = None) -> Recorder:
-    """Wire a WorkerRunner: configuration in, records out."""
+def attach_worker(environment, runner, on_configured: Callable[[], None] | None = None,
+                  token: str | None = None) -> Recorder:
+    """Wire a WorkerRunner: configuration in (asked for with ``token``), records out."""
     stop_on_failure = [False]
 
     def on_failure(raw) -> None:
@@ -82,9 +91,13 @@ def attach_worker(environment, runner, on_configured: Callable[[], None] | None 
         if on_configured is not None:
             on_configured()
 
+    def on_refused(environment, msg, **_kw) -> None:
+        STATE.error = REFUSED_ERROR  # the master's 'quit' follows and ends the worker
+
     runner.register_message(CONFIG_MSG, on_config)
-    # Ask only now that the handler is registered: a config sent on connect could arrive before it.
-    runner.send_message(CONFIG_REQUEST_MSG, {"worker": recorder.worker})
+    runner.register_message(REFUSED_MSG, on_refused)
+    # Ask only now that the handlers are registered: a config sent on connect could arrive before them.
+    runner.send_message(CONFIG_REQUEST_MSG, {"worker": recorder.worker, "token": token or ""})
 
     def on_report(client_id, data, **_kw) -> None:
         data[REPORT_KEY] = _payload(recorder, final=False)
@@ -105,11 +118,19 @@ def attach_worker(environment, runner, on_configured: Callable[[], None] | None 
 
 
 class MasterLink:
-    """The master's side: sends the config, feeds worker samples to the collector."""
+    """The master's side: admits workers with the token, sends them the config, feeds their
+    samples to the collector. ``on_refused(client_id)`` hears of each worker turned away."""
 
     def __init__(self, environment, runner, config: BenchConfig, on_failure: Callable[[str], None],
-                 on_worker_error: Callable[[str, str], None]) -> None:
+                 on_worker_error: Callable[[str, str], None], token: str,
+                 on_refused: Callable[[str], None]) -> None:
         self.runner = runner
+        self.token = token
+        self.on_refused = on_refused
+        self.admitted: set[str] = set()  # workers that presented the token
+        self._pending: dict[str, object] = {}  # their 'client_ready', held until they do
+        self._handle = runner.handle_message
+        runner.handle_message = self._gate  # every message from a worker passes here first
         self.collector: Collector | None = None  # set when the run starts; samples before that carry no requests
         self.connected: set[str] = set()
         self.finals: set[str] = set()
@@ -122,11 +143,7 @@ class MasterLink:
 
         environment.events.worker_connect.add_listener(on_connect)
 
-        def on_config_request(environment, msg, **_kw) -> None:
-            self.configured.add(msg.node_id)
-            runner.send_message(CONFIG_MSG, config_data, client_id=msg.node_id)
-
-        runner.register_message(CONFIG_REQUEST_MSG, on_config_request)
+        self._config_data = config_data
 
         def on_worker_report(client_id, data, **_kw) -> None:
             payload = data.get(REPORT_KEY)
@@ -138,6 +155,41 @@ class MasterLink:
         runner.register_message(FAILURE_MSG, lambda environment, msg, **_kw: on_failure(msg.data.get("worker", "")))
         runner.register_message(
             WORKER_ERROR_MSG, lambda environment, msg, **_kw: on_worker_error(msg.data.get("worker", ""), msg.data.get("message", "")))
+
+    def _gate(self, client_id: str, msg) -> None:
+        """Locust's handling for admitted workers; for others only the token check."""
+        if msg.type == CONFIG_REQUEST_MSG:
+            self._admit(client_id, msg.data if isinstance(msg.data, dict) else {})
+        elif client_id in self.admitted:
+            self._handle(client_id, msg)
+        elif msg.type == "client_ready":
+            from locust.rpc import Message
+
+            # Acknowledge (the worker waits for it before asking for the configuration), but
+            # keep it off the runner's clients until it shows the token.
+            self._pending[client_id] = msg
+            self.runner.server.send_to_client(Message("ack", None, client_id))
+        # Anything else from a worker without the token (reports, failures) is dropped.
+
+    def _admit(self, client_id: str, data: dict) -> None:
+        from locust.rpc import Message
+
+        token = data.get("token")
+        if not (isinstance(token, str) and hmac.compare_digest(token.encode(), self.token.encode())):
+            self._pending.pop(client_id, None)
+            if client_id in self.admitted:  # cannot happen with our workers; take it off all the same
+                self.admitted.discard(client_id)
+                self._handle(client_id, Message("quit", None, client_id))
+            self.runner.server.send_to_client(Message(REFUSED_MSG, None, client_id))
+            self.runner.server.send_to_client(Message("quit", None, client_id))
+            self.on_refused(client_id)
+            return
+        if client_id not in self.admitted:
+            self.admitted.add(client_id)
+            ready = self._pending.pop(client_id, None) or Message("client_ready", -1, client_id)
+            self._handle(client_id, ready)  # now Locust counts it and may give it users
+        self.configured.add(client_id)
+        self.runner.send_message(CONFIG_MSG, self._config_data, client_id=client_id)
 
     def _take(self, client_id: str, payload: dict | None) -> None:
         if not payload:

@@ -7,6 +7,7 @@ checked in ``build_config`` before the run directory exists: payload, shape, tar
 endpoint answering. The run itself happens in a fresh ``python -m bench.run`` process
 (Locust monkey-patches the standard library on import), which writes ``<out>/<run-id>/``;
 Ctrl-C and SIGTERM are passed on to it, so it stops its users and saves what was measured.
+The workers' token (``--worker-token``) reaches it through its environment, never a file.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import threading
 from dataclasses import dataclass, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 from mme.errors import OutputDirError, UsageError
 from mme.process import child_env
@@ -63,8 +64,9 @@ class BenchRequest:
     client: str = "fast"
     workers: int = 1
     expect_workers: int = 0
-    master_bind_host: str | None = None
+    master_bind_host: str | None = None  # default: loopback only
     master_port: int = 0
+    worker_token: str | None = None  # default: $MME_BENCH_WORKER_TOKEN, else one made for the run
     worker_wait: float = 60.0
     timeout: float = 60.0
     seed: int | None = None
@@ -100,7 +102,7 @@ class BenchResult:
 def build_config(request: BenchRequest, run_id: str, run_dir: Path) -> "BenchConfig":
     """The generator's configuration, every option checked (UsageError names the one to fix)."""
     from bench import payload as payloads
-    from bench.config import BenchConfig
+    from bench.config import LOOPBACK, BenchConfig
     from bench.endpoint import check_reachable, resolve_address, resolve_credentials
     from bench.stages import build_plan
     from bench.targets import DEFAULT_TEMPLATE, parse_distribution, target_names
@@ -144,12 +146,17 @@ def build_config(request: BenchRequest, run_id: str, run_dir: Path) -> "BenchCon
         raise UsageError(f"--master-port must be between 0 and 65535 (got {r.master_port})")
     if r.expect_workers and not r.master_port:
         raise UsageError("remote workers need a known port: give --master-port (e.g. 5557) with --expect-workers")
+    if r.worker_token is not None and not r.worker_token.strip():
+        raise UsageError("--worker-token is empty; give a shared secret, or leave it out and use the one printed")
+    if r.master_bind_host is not None and not r.master_bind_host.strip():
+        raise UsageError("--master-bind-host is empty; give the address remote workers reach this machine at")
 
     address = resolve_address(r.endpoint, r.endpoint_url, r.region)
     _, credentials_note = resolve_credentials(address)
     check_reachable(address)
 
-    bind = r.master_bind_host or ("0.0.0.0" if r.expect_workers else "127.0.0.1")
+    # Locust's master protocol is unauthenticated: loopback unless the user names an address.
+    bind = r.master_bind_host or LOOPBACK
     return BenchConfig(
         run_id=run_id, run_dir=str(run_dir), endpoint=address.name, endpoint_url=address.url,
         custom_url=address.custom_url, region=address.region, mode=r.mode, model=model, format=payload.format,
@@ -163,6 +170,14 @@ def build_config(request: BenchRequest, run_id: str, run_dir: Path) -> "BenchCon
         progress_interval_s=r.progress_interval, metrics_interval_s=r.metrics_interval, quiet=r.quiet,
         credentials_note=credentials_note, seed=r.seed,
     )
+
+
+def worker_token_env(token: str | None) -> dict[str, str]:
+    """The environment entry that hands a given workers' token to a child process (none:
+    the child reads ``$MME_BENCH_WORKER_TOKEN``, or the master makes one)."""
+    from bench.config import TOKEN_ENV
+
+    return {TOKEN_ENV: token} if token else {}
 
 
 def new_run_id(label: str | None, now: datetime | None = None) -> str:
@@ -197,11 +212,12 @@ def _raise_terminated(signum, frame) -> None:
     raise _Terminated
 
 
-def run_child(command: list[str], reporter: Reporter) -> tuple[int, int | None]:
-    """Run a generator process; Ctrl-C and SIGTERM are passed on (the generator stops its
-    users and saves what was measured). Returns its exit code and the signal that stopped the
-    run, if any."""
-    child = subprocess.Popen(command, env=child_env())
+def run_child(command: list[str], reporter: Reporter,
+              extra_env: Mapping[str, str] | None = None) -> tuple[int, int | None]:
+    """Run a generator process (``extra_env`` added to its environment); Ctrl-C and SIGTERM
+    are passed on (the generator stops its users and saves what was measured). Returns its
+    exit code and the signal that stopped the run, if any."""
+    child = subprocess.Popen(command, env=child_env(extra=extra_env))
     stopped_by: int | None = None
     main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
@@ -237,5 +253,6 @@ def start_bench(request: BenchRequest, reporter: Reporter) -> BenchResult:
     with tempfile.TemporaryDirectory(prefix="mme-bench-") as tmp:
         config_path = Path(tmp) / "config.json"
         config.write(config_path)
-        code, stopped_by = run_child([sys.executable, "-m", "bench.run", "--config", str(config_path)], reporter)
+        code, stopped_by = run_child([sys.executable, "-m", "bench.run", "--config", str(config_path)], reporter,
+                                     worker_token_env(request.worker_token))
     return BenchResult(run_dir, code, stopped_by)

@@ -4,12 +4,19 @@ that records its own requests (``bench.collect.Recorder``), or a master runner w
 ``bench.distributed.MasterLink``; starting users at each shape tick; and at the end stopping
 the users, collecting the workers' final records and shutting everything down.
 
+The master listens where ``config.master_bind_host`` says (loopback unless the user named an
+address) and admits only workers with the run's token: ``$MME_BENCH_WORKER_TOKEN``, else one
+made here and printed in the line that tells remote workers how to join. Local workers get it
+through their environment.
+
 Part of the load generator process: import it only after gevent's monkey patching (``bench.run``
 patches first).
 """
 
 from __future__ import annotations
 
+import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -19,7 +26,7 @@ from typing import Any, Callable
 import gevent
 
 from bench.collect import Collector, Recorder
-from bench.config import BenchConfig
+from bench.config import TOKEN_ENV, BenchConfig, is_loopback
 from bench.distributed import MasterLink
 from bench.users import STATE
 from mme.errors import MmeError
@@ -67,19 +74,29 @@ class LoadRunners:
             self.environment.events.request.add_listener(self.recorder.on_request)
             gevent.spawn(self.recorder.run_cpu_sampler, gevent.sleep)
             return runner
-        port = config.master_port or _free_port(config.master_bind_host)
-        runner = self.runner = self.environment.create_master_runner(config.master_bind_host, port)
-        self.link = MasterLink(self.environment, runner, config, self._on_failure, self._on_worker_error)
-        self.extra["master"] = f"{config.master_bind_host}:{port}"
-        env = child_env()
+        host = config.master_bind_host
+        port = config.master_port or _free_port(host)
+        token = os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(24)
+        if not is_loopback(host):
+            self.reporter.warn(f"the bench master listens on {host}:{port}, open to other machines; "
+                               "workers must present the token to join")
+        runner = self.runner = self.environment.create_master_runner(host, port)
+        self.link = MasterLink(self.environment, runner, config, self._on_failure, self._on_worker_error,
+                               token, self._on_refused)
+        self.extra["master"] = f"{host}:{port}"
+        env = child_env(extra={TOKEN_ENV: token})  # not on the command line, where 'ps' shows it
         for _ in range(config.local_workers):
             self._worker_processes.append(subprocess.Popen(
                 [sys.executable, "-m", "bench.worker", "--master-host", "127.0.0.1", "--master-port", str(port), "--managed"],
                 env=env))
         expected = config.generators
         if config.expect_workers:
-            self.reporter.info(f"==> waiting for {config.expect_workers} remote worker(s): "
-                               f"mme bench-worker --master-host <this host> --master-port {port}")
+            join_host = "127.0.0.1" if is_loopback(host) else ("<this host>" if host in ("0.0.0.0", "::", "*") else host)
+            where = (" (the master listens on loopback only: run workers on this machine or through an SSH tunnel, "
+                     "or give --master-bind-host <this host's address> to accept remote workers)") if is_loopback(host) else ""
+            # Printed even with --quiet: without it nobody could join with a token made here.
+            print(f"==> waiting for {config.expect_workers} remote worker(s): mme bench-worker --master-host "
+                  f"{join_host} --master-port {port} --token {token}{where}", file=self.reporter.stream, flush=True)
         deadline = time.monotonic() + config.worker_wait_s
         while runner.worker_count < expected or len(self.link.configured) < expected:
             if stopping():
@@ -88,10 +105,16 @@ class LoadRunners:
                 if process.poll() is not None:
                     raise MmeError(f"a local worker process exited with {process.returncode} before the run started")
             if time.monotonic() > deadline:
+                refused = self.extra.get("refused_workers", 0)
                 raise MmeError(f"only {runner.worker_count} of {expected} workers connected within "
-                               f"{config.worker_wait_s:g} s (master at {config.master_bind_host}:{port})")
+                               f"{config.worker_wait_s:g} s (master at {host}:{port})"
+                               + (f"; {refused} refused for a wrong or missing token" if refused else ""))
             gevent.sleep(0.1)
         return runner
+
+    def _on_refused(self, client_id: str) -> None:
+        self.extra["refused_workers"] = self.extra.get("refused_workers", 0) + 1
+        self.reporter.warn(f"refused a worker from {client_id}: wrong or missing token")
 
     def start_users(self, users: int, spawn_rate: float) -> None:
         runner = self.runner

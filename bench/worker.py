@@ -1,8 +1,9 @@
-"""A load-generator worker: ``python -m bench.worker --master-host H [--master-port P]``.
+"""A load-generator worker: ``python -m bench.worker --master-host H [--master-port P] [--token T]``.
 
 Started by ``mme bench --workers K`` (K local processes) or by ``mme bench-worker`` on other
 machines. It connects to the master, receives the bench configuration, runs the users the
-master assigns and sends every request record back. It exits when the master quits.
+master assigns and sends every request record back. It exits when the master quits, or
+refuses it for a wrong or missing token (``--token``, default ``$MME_BENCH_WORKER_TOKEN``).
 """
 
 from gevent import monkey
@@ -10,12 +11,14 @@ from gevent import monkey
 monkey.patch_all()
 
 import argparse  # noqa: E402
+import os  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 
 import gevent  # noqa: E402
 from locust.env import Environment  # noqa: E402
 
+from bench.config import TOKEN_ENV  # noqa: E402
 from bench.distributed import attach_worker, setup_logging  # noqa: E402
 from bench.users import STATE, BenchUser  # noqa: E402
 
@@ -26,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.worker", description=__doc__.splitlines()[0])
     parser.add_argument("--master-host", required=True)
     parser.add_argument("--master-port", type=int, default=DEFAULT_MASTER_PORT)
+    parser.add_argument("--token", default=os.environ.get(TOKEN_ENV),
+                        help=f"the master's worker token (default: ${TOKEN_ENV})")
     parser.add_argument("--managed", action="store_true",
                         help="started by a local master: leave Ctrl-C to the master, which stops the run and saves it")
     args = parser.parse_args(argv)
@@ -37,9 +42,10 @@ def main(argv: list[str] | None = None) -> int:
         runner = environment.create_worker_runner(args.master_host, args.master_port)
     except ConnectionError:
         print(f"mme: error: no bench master answered at {args.master_host}:{args.master_port}; start "
-              "'mme bench --expect-workers N --master-bind-host 0.0.0.0' there first", file=sys.stderr)
+              "'mme bench --expect-workers N --master-port P' there first (with --master-bind-host ADDRESS for "
+              "workers on other machines)", file=sys.stderr)
         return 2
-    attach_worker(environment, runner)
+    attach_worker(environment, runner, token=args.token)
     if not args.managed:
         def leave() -> None:  # tell the master (its 'quit' handling rebalances), then stop
             environment.events.quitting.fire(environment=environment, reverse=True)

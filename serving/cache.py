@@ -99,6 +99,7 @@ class ModelCache:
         revalidate: bool = True,
         disk_limit_bytes: int | None = None,
         in_use: Callable[[str], bool] | None = None,
+        on_fetch: Callable[[str, Path], None] | None = None,
     ) -> None:
         if disk_limit_bytes is not None and disk_limit_bytes <= 0:
             raise ValueError(f"disk_limit_bytes must be positive or None, got {disk_limit_bytes}")
@@ -111,6 +112,7 @@ class ModelCache:
         # True for a target whose files must stay (loaded or loading); called from fetching
         # threads, so it must be thread-safe and must not block on the caller of fetch.
         self._in_use = in_use or (lambda target: False)
+        self._on_fetch = on_fetch  # (target, model_dir) after each fetch, before its callers go on (warnings)
         self._lock = threading.Lock()
         self._prune_lock = threading.Lock()  # one pruning pass at a time
         self._flights: dict[str, _Flight] = {}
@@ -140,6 +142,8 @@ class ModelCache:
         try:
             with self._target_lock(target):
                 flight.result = self._fetch_locked(target)
+                if self._on_fetch is not None:
+                    self._on_fetch(target, flight.result.model_dir)
             return flight.result
         except Exception as exc:
             flight.error = exc

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import threading
 
@@ -10,6 +11,9 @@ from mme.argtypes import byte_size, fraction, positive_float, positive_int
 from mme.progress import Reporter
 from serving.memory import MEMORY_KINDS
 from serving.triton.factory import KINDS
+
+ACCESS_KEY_ENV = "MME_SERVE_ACCESS_KEY_ID"
+SECRET_KEY_ENV = "MME_SERVE_SECRET_ACCESS_KEY"
 
 
 def register(subparsers) -> None:
@@ -26,7 +30,9 @@ def register_serve(subparsers) -> None:
         "sagemaker-runtime client works with endpoint_url=http://HOST:PORT.",
     )
     p.add_argument("--models", required=True, help="directory (e.g. artifacts/resnet50/cpu-local) or s3://bucket/prefix")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default: %(default)s); on any other address anyone who can reach it can "
+                   "invoke, load and evict models unless --require-signature")
     p.add_argument("--port", type=int, default=8080, help="port (default: %(default)s; 0 = any free port)")
     p.add_argument("--memory-threshold", type=fraction, default=0.9, help="evict above this share of the limit (0.9)")
     p.add_argument("--memory-limit", type=byte_size, help="memory the models may use, e.g. 4G (default: GPU memory, or host RAM)")
@@ -62,16 +68,25 @@ def register_serve(subparsers) -> None:
                       help="a model load the container has not finished in S seconds fails its requests with "
                       "InternalFailure (default: %(default)s)")
     sage.add_argument("--allow-unsigned", action="store_true",
-                      help="accept requests without a SigV4 signature (SageMaker answers them 403; signatures are never verified)")
+                      help="accept requests without a SigV4 signature (SageMaker answers them 403; signatures are "
+                      "verified only with --require-signature)")
     sage.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                       help="environment of the serving container, as the SageMaker model's Environment: "
                       "SAGEMAKER_TRITON_* settings start Triton as SageMaker's image does (repeatable; "
                       "SAGEMAKER_TRITON_* variables of this shell are honoured too)")
+    access = p.add_argument_group("access (for an endpoint others can reach)")
+    access.add_argument("--require-signature", action="store_true",
+                        help="answer only invocations SigV4-signed with --access-key-id/--secret-access-key, as AWS "
+                        "checks them (other keys: UnrecognizedClientException; wrong secret or a signature older "
+                        "than 15 minutes: InvalidSignatureException); /ping, /metrics and /models stay open")
+    access.add_argument("--access-key-id", default=os.environ.get(ACCESS_KEY_ENV),
+                        help=f"the access key clients sign with (default: ${ACCESS_KEY_ENV})")
+    access.add_argument("--secret-access-key", default=os.environ.get(SECRET_KEY_ENV),
+                        help=f"its secret (default: ${SECRET_KEY_ENV}, which keeps it off the command line)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
     from pathlib import Path
 
     from serving.local_endpoint import LocalEndpoint, LocalEndpointOptions
@@ -85,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
         memory=args.memory, endpoint_name=args.endpoint_name, variant_name=args.variant_name, account=args.account,
         region=args.region, model_wait_timeout_s=args.model_wait_timeout, invocation_timeout_s=args.invocation_timeout,
         allow_unsigned=args.allow_unsigned, load_timeout_s=args.load_timeout, sagemaker_env=settings,
-        disk_limit_bytes=args.disk_limit,
+        disk_limit_bytes=args.disk_limit, require_signature=args.require_signature,
+        access_key_id=args.access_key_id, secret_access_key=args.secret_access_key,
     )
     reporter = Reporter(quiet=args.quiet)
     endpoint = LocalEndpoint(options, reporter)
@@ -93,10 +109,12 @@ def run(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         endpoint.start_in_thread()
+        keys = (f"aws_access_key_id='{options.access_key_id}', aws_secret_access_key=<its secret>"
+                if options.require_signature else "aws_access_key_id='local', aws_secret_access_key='local'")
         reporter.info(f"==> local MME at {endpoint.url} (models from {args.models}; {endpoint.server.name} pid "
                       f"{endpoint.server.pid}; memory: {endpoint.meter.description})")
         reporter.info(f"    boto3.client('sagemaker-runtime', endpoint_url='{endpoint.url}', region_name="
-                      f"'{options.region}', aws_access_key_id='local', aws_secret_access_key='local').invoke_endpoint("
+                      f"'{options.region}', {keys}).invoke_endpoint("
                       f"EndpointName='{options.endpoint_name}', TargetModel='<name>.tar.gz', ...)")
         if settings:
             reporter.info(f"    Triton started as SageMaker's image starts it, with {', '.join(sorted(settings))}")

@@ -149,6 +149,17 @@ def missing_authentication_token(*, request_id: str | None = None) -> HttpReply:
     return HttpReply(403, headers, json.dumps({"message": "Missing Authentication Token"}).encode())
 
 
+def authentication_failure(code: str, message: str, *, request_id: str | None = None) -> HttpReply:
+    """403 for a signed request AWS's front refuses before SageMaker sees it: a key it does not
+    know (UnrecognizedClientException), a signature that does not match or has expired
+    (InvalidSignatureException), a malformed one (IncompleteSignatureException). Shaped as
+    :func:`missing_authentication_token` (Coral's namespace, lowercase ``message``); botocore
+    raises a ClientError with that code."""
+    headers = (("Content-Type", "application/json"), ("x-amzn-RequestId", _request_id(request_id)),
+               ("x-amzn-ErrorType", code + CORAL_SERVICE_SUFFIX))
+    return HttpReply(403, headers, json.dumps({"message": message}).encode())
+
+
 def endpoint_not_found(name: str, account: str, *, request_id: str | None = None) -> HttpReply:
     """400 ValidationError for an endpoint name this account does not have."""
     return validation_error(f"Endpoint {name} of account {account} not found.", request_id=request_id)

@@ -2,7 +2,8 @@
 
 ``POST /endpoints/{name}/invocations`` with ``X-Amzn-SageMaker-Target-Model``, answered as
 SageMaker Runtime answers: a request without a SigV4 signature gets 403 (unless the endpoint
-allows unsigned requests; signatures themselves are not verified), another endpoint name a
+allows unsigned requests); signatures are verified only when the front is given credentials
+(``mme serve --require-signature``, serving/sigv4_verify.py), else any signature passes; another endpoint name a
 ValidationError, another ``X-Amzn-SageMaker-Target-Variant`` a ValidationError, a body over
 6 MiB a 413 before it is read. Also ``GET /ping``,
 ``GET /metrics`` (Prometheus text), ``GET /metrics.json`` (the snapshot the bench reads)
@@ -24,11 +25,13 @@ from aiohttp import web
 from mme.errors import with_retry_advice
 from serving import errors_sagemaker as sm
 from serving import outcomes as out
+from serving import sigv4_verify as sigv4
 from serving.endpoint import EndpointConfig, MultiModelEndpoint
 
 TARGET_HEADER = "X-Amzn-SageMaker-Target-Model"
 VARIANT_HEADER = "X-Amzn-SageMaker-Target-Variant"
 ENDPOINT_KEY = web.AppKey("endpoint", MultiModelEndpoint)
+CREDENTIALS_KEY = web.AppKey("credentials", sigv4.Credentials)  # present: signatures are verified
 
 
 def _response(reply: sm.HttpReply) -> web.Response:
@@ -72,11 +75,23 @@ def _signed(request: web.Request) -> bool:
             or "X-Amz-Signature" in request.rel_url.query)
 
 
+def _rejected(rejection: sigv4.Authorization | sigv4.Rejection | None) -> sm.HttpReply | None:
+    if isinstance(rejection, sigv4.Rejection):
+        return sm.authentication_failure(rejection.code, rejection.message)
+    return None
+
+
 def _refusal(request: web.Request, endpoint: MultiModelEndpoint) -> sm.HttpReply | None:
     """SageMaker Runtime's answer for a request that never reaches the endpoint's models."""
     config = endpoint.config
     if not config.allow_unsigned and not _signed(request):
         return sm.missing_authentication_token()
+    credentials = request.app.get(CREDENTIALS_KEY)
+    if credentials is not None:  # the key, the form and the time; the signature once the body is read
+        refused = _rejected(sigv4.check_header(request.headers.get("Authorization", ""),
+                                               request.headers.get("X-Amz-Date"), request.rel_url.query, credentials))
+        if refused is not None:
+            return refused
     name = request.match_info["name"]
     if name != config.endpoint_name:
         return sm.endpoint_not_found(name, config.account)
@@ -101,6 +116,11 @@ async def invocations(request: web.Request) -> web.Response:
         body = await request.read()
     except web.HTTPRequestEntityTooLarge:  # chunked body past the limit
         return _response(sm.payload_too_large(endpoint.config.max_payload_bytes))
+    credentials = request.app.get(CREDENTIALS_KEY)
+    if credentials is not None:
+        refused = _verify(request, body, credentials)
+        if refused is not None:
+            return _response(refused)
     target = request.headers.get(TARGET_HEADER)
     start = time.perf_counter()
     outcome = await endpoint.invoke(target, body, request.headers.get("Content-Type", "application/json"),
@@ -110,6 +130,17 @@ async def invocations(request: web.Request) -> web.Response:
                              total_us=(time.perf_counter() - start) * 1e6,
                              wait_us=outcome.wait_s * 1e6, hit=outcome.hit)
     return _response(reply)
+
+
+def _verify(request: web.Request, body: bytes, credentials: sigv4.Credentials) -> sm.HttpReply | None:
+    """The signature over the request as received (the header was checked by :func:`_refusal`)."""
+    auth = sigv4.check_header(request.headers.get("Authorization", ""), request.headers.get("X-Amz-Date"),
+                              request.rel_url.query, credentials)
+    if isinstance(auth, sigv4.Rejection):
+        return _rejected(auth)
+    return _rejected(sigv4.check_signature(auth, credentials, method=request.method, raw_path=request.raw_path,
+                                           headers=request.headers.items(), body=body,
+                                           amz_date=request.headers["X-Amz-Date"]))
 
 
 async def ping(request: web.Request) -> web.Response:
@@ -130,9 +161,12 @@ async def models(request: web.Request) -> web.Response:
     return web.json_response({"models": request.app[ENDPOINT_KEY].loaded_models()})
 
 
-def build_app(endpoint: MultiModelEndpoint) -> web.Application:
+def build_app(endpoint: MultiModelEndpoint, credentials: sigv4.Credentials | None = None) -> web.Application:
+    """The front; with ``credentials`` only invocations signed with that key pair are answered."""
     app = web.Application(client_max_size=endpoint.config.max_payload_bytes + 1)
     app[ENDPOINT_KEY] = endpoint
+    if credentials is not None:
+        app[CREDENTIALS_KEY] = credentials
     app.router.add_post("/endpoints/{name}/invocations", invocations)
     app.router.add_get("/ping", ping)
     app.router.add_get("/metrics", metrics)

@@ -22,9 +22,11 @@ from serving.cache import ModelCache
 from serving.container import LOAD_TIMEOUT_S
 from serving.copies import CopiesSource
 from serving.endpoint import SAGEMAKER_TIMEOUT_S, EndpointConfig, MultiModelEndpoint
+from serving.exposure import PythonBackendWarner, is_loopback, open_front_warning
 from serving.instance_metrics import InstanceSampler
 from serving.front import build_app
 from serving.memory import MemoryMeter, choose_meter
+from serving.sigv4_verify import Credentials
 from serving.store import source_from_uri
 from serving.triton.base import TritonServerConfig
 from serving.triton.factory import choose_cache_root, choose_kind, create_server, server_class
@@ -54,6 +56,9 @@ class LocalEndpointOptions:
     load_timeout_s: float = LOAD_TIMEOUT_S  # a container load not finished by then fails its requests
     sagemaker_env: Mapping[str, str] = field(default_factory=dict)  # SAGEMAKER_TRITON_* and the container's env
     disk_limit_bytes: int | None = None  # delete least recently used unloaded artifacts past this
+    require_signature: bool = False  # answer only invocations SigV4-signed with the key pair below
+    access_key_id: str | None = None
+    secret_access_key: str | None = field(default=None, repr=False)
 
     def check(self) -> None:
         if not 0 < self.memory_threshold <= 1:
@@ -71,6 +76,11 @@ class LocalEndpointOptions:
             raise UsageError(f"--disk-limit must be a positive number of bytes (got {self.disk_limit_bytes})")
         if not (self.account.isdigit() and len(self.account) == 12):
             raise UsageError(f"--account must be a 12-digit AWS account id (got {self.account!r})")
+        if self.require_signature and not (self.access_key_id and self.secret_access_key):
+            raise UsageError("--require-signature needs the key pair to verify against: --access-key-id and "
+                             "--secret-access-key (or MME_SERVE_ACCESS_KEY_ID and MME_SERVE_SECRET_ACCESS_KEY)")
+        if self.require_signature and self.allow_unsigned:
+            raise UsageError("--require-signature and --allow-unsigned contradict each other; pass one of them")
         if not ENDPOINT_NAME.fullmatch(self.endpoint_name):
             raise UsageError(f"--endpoint-name {self.endpoint_name!r} is not a SageMaker endpoint name: use up to 63 "
                              "letters, digits and hyphens, starting with a letter or digit")
@@ -128,6 +138,8 @@ class LocalEndpoint:
         _check_engines(manifest)
         self.options = options
         self.reporter = reporter or Reporter(quiet=True)
+        if not is_loopback(options.host) and self.credentials is None:  # said once, before anything starts
+            self.reporter.warn(open_front_warning(options.host, options.port or None))
         source = source_from_uri(options.models, endpoint_url=options.s3_endpoint_url)
         if options.copies:
             source = CopiesSource(source, options.copies)
@@ -141,7 +153,11 @@ class LocalEndpoint:
             self._tmp = tempfile.TemporaryDirectory(prefix="mme-cache-")
             cache_dir = Path(self._tmp.name)
         self.disk_limit_bytes = options.disk_limit_bytes or default_disk_limit(Path(cache_dir))
-        self.cache = ModelCache(cache_dir, source, disk_limit_bytes=self.disk_limit_bytes, in_use=self._in_use)
+        # A python-backend model.py from S3 runs as this user unless Triton runs in a container.
+        warner = (PythonBackendWarner(options.models, self.reporter.warn)
+                  if options.models.startswith("s3://") and kind != "docker" else None)
+        self.cache = ModelCache(cache_dir, source, disk_limit_bytes=self.disk_limit_bytes, in_use=self._in_use,
+                                on_fetch=warner)
         self.server = create_server(kind, config, model_root=self.cache.root)
         instance_kind = manifest.triton.instance_kind if manifest is not None else None
         self.meter: MemoryMeter = choose_meter(options.memory, self.server.pids, instance_kind=instance_kind)
@@ -156,6 +172,14 @@ class LocalEndpoint:
     @property
     def url(self) -> str:
         return f"http://{self.options.host}:{self.port}"
+
+    @property
+    def credentials(self) -> Credentials | None:
+        """The key pair invocations must be signed with, or None (signatures not verified)."""
+        o = self.options
+        if not (o.require_signature and o.access_key_id and o.secret_access_key):
+            return None
+        return Credentials(o.access_key_id, o.secret_access_key)
 
     def _in_use(self, target: str) -> bool:
         return self.endpoint is not None and self.endpoint.in_use(target)
@@ -177,7 +201,7 @@ class LocalEndpoint:
         self.endpoint = MultiModelEndpoint(self.cache, self.server, config, self.memory_used, self.reporter,
                                            instance_sampler=self.sampler)
         await self.endpoint.start()
-        self._runner = web.AppRunner(build_app(self.endpoint), access_log=None)
+        self._runner = web.AppRunner(build_app(self.endpoint, self.credentials), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.options.host, self.options.port, backlog=1024)
         await site.start()

@@ -40,11 +40,12 @@ def test_a_remote_worker_joins_with_mme_bench_worker(tmp_path):
     with FakeEndpoint() as endpoint:
         master = subprocess.Popen(bench_command("--endpoint", "e", "--endpoint-url", endpoint.url, "--mode", "single",
                                                 "--shape", "constant", "--users", "2", "--duration", "2",
-                                                "--expect-workers", "1", "--master-port", str(port), "--out", str(tmp_path)),
+                                                "--expect-workers", "1", "--master-port", str(port), "--worker-token", "shared-secret",
+                                                "--out", str(tmp_path)),
                                   cwd=ROOT, env=bench_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(0.5)
         worker = subprocess.Popen([sys.executable, "-m", "mme", "bench-worker", "--master-host", "127.0.0.1",
-                                   "--master-port", str(port)], cwd=ROOT, env=bench_env(),
+                                   "--master-port", str(port), "--token", "shared-secret"], cwd=ROOT, env=bench_env(),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             out, err = master.communicate(timeout=90)
