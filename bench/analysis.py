@@ -26,8 +26,7 @@ Definitions (also written into ``summary.json``):
 * **Max error-free throughput**: the highest requests/s of a stage with requests and no
   failure.
 
-This module computes the statistics; the rest lives beside it and is re-exported here, so
-``bench.analysis`` stays the one import for callers:
+This module computes the statistics; the rest lives beside it, each name imported from its home:
 
 * ``bench.run_reader``: reading and checking ``run.json``, ``requests.csv``, ``stages.csv``;
 * ``bench.endpoint_stages``: endpoint metrics per stage (``EndpointStage``);
@@ -46,27 +45,15 @@ import numpy as np
 from bench.endpoint_stages import NO_ENDPOINT, EndpointStage, endpoint_by_stage, read_endpoint_snapshots
 from bench.results import STAGES_FILE, RunInfo, StageRecord
 from bench.run_reader import FirstFailure, StageRequests, read_run_info, read_stage_records, read_stage_requests
-from bench.summary_io import summary_csv_text, write_summary
 from bench.summary_records import (
     COMPLETED,
-    LATENCY_OF,
-    PERCENTILE_METHOD,
     PERCENTILES,
-    STAGE_COLUMNS,
-    SUMMARY_CSV,
-    SUMMARY_JSON,
-    SUMMARY_SCHEMA_VERSION,
     Overall,
     RunSummary,
     StageSummary,
 )
 from mme.stats import percentile
 
-__all__ = [
-    "COMPLETED", "LATENCY_OF", "NO_ENDPOINT", "PERCENTILES", "PERCENTILE_METHOD", "STAGE_COLUMNS", "SUMMARY_CSV",
-    "SUMMARY_JSON", "SUMMARY_SCHEMA_VERSION", "EndpointStage", "Overall", "RunSummary", "StageSummary",
-    "analyse", "percentile", "summary_csv_text", "write_summary",
-]
 
 
 def _rate(count: int, duration: float) -> float | None:

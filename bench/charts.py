@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # matplotlib is imported when a chart is drawn, not when this
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from bench.analysis import RunSummary, StageSummary
+    from bench.summary_records import RunSummary, StageSummary
 
 SATURATED_COLOUR = "#d62728"
 PARTIAL_COLOUR = "#7f7f7f"

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from bench.analysis import LATENCY_OF, PERCENTILE_METHOD, RunSummary, StageSummary
+from bench.summary_records import LATENCY_OF, PERCENTILE_METHOD, RunSummary, StageSummary
 from bench.charts import distinct_labels
 from bench.sizing import Sizing
 

@@ -84,7 +84,7 @@ def default_out(runs: Sequence[Path]) -> Path:
 
 def build_report(results: Sequence[str | Path], out: Path | None = None, target_tps: float | None = None,
                  p95_slo_ms: float | None = None, reporter: Reporter | None = None) -> ReportPaths:
-    from bench import analysis, charts, render, sizing
+    from bench import analysis, charts, render, sizing, summary_io
     from mme.fsutil import ensure_writable_dir, write_bytes_atomic
 
     reporter = reporter or Reporter(quiet=True)
@@ -106,7 +106,7 @@ def build_report(results: Sequence[str | Path], out: Path | None = None, target_
     summary_files: list[Path] = []
     for s in summaries:
         reporter.info(f"  {s.run_dir}: {len(s.stages)} stage(s), {s.overall.requests} request(s)")
-        summary_files.extend(analysis.write_summary(s))
+        summary_files.extend(summary_io.write_summary(s))
         run_charts_of = [render.Chart(s.run_dir / RUN_CHART, charts.run_chart(s),
                                       f"{s.label}: latency and throughput (top), successful and failed requests "
                                       "(bottom) per concurrent-user level")]

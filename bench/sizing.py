@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from bench.analysis import RunSummary, StageSummary
+from bench.summary_records import RunSummary, StageSummary
 from mme.errors import UsageError
 
 UTILISATIONS = (0.6, 0.7)

@@ -21,7 +21,7 @@ import numpy as np
 
 from mme.fsutil import deterministic_tar_gz, sha256_of, write_bytes_atomic
 from packager.formats.base import ExportedModel
-from packager.manifest import FileEntry, SampleRequest
+from packager.manifest_records import FileEntry, SampleRequest
 from packager.model import LoadedModel
 from packager.triton_config import write_config
 

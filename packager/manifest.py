@@ -1,8 +1,8 @@
 """manifest.json: what an artifact is, how it was made and how to call it (schema-versioned).
 
-One typed contract for the file: :class:`Manifest` and its frozen sub-records (defined in
-:mod:`packager.manifest_records`, importable from here), each with ``from_dict`` / ``to_dict``. ``to_dict`` writes the same keys, nesting and order the file has
-always had, so manifests already on disk keep loading and new ones read the same.
+One typed contract for the file: :class:`Manifest` and its frozen sub-records (their home is
+:mod:`packager.manifest_records`), each with ``from_dict`` / ``to_dict``. ``to_dict`` writes
+the same keys, nesting and order the file has always had, so manifests already on disk keep loading and new ones read the same.
 :meth:`Manifest.load` is the one reader (schema-version check, one-line errors).
 """
 
@@ -22,7 +22,6 @@ from packager.manifest_records import (
     Source,
     TensorEntry,
     TritonSettings,
-    TritonTarget,
     Validation,
     object_field,
     required_field,
@@ -130,7 +129,3 @@ class Manifest:
             raise MmeError(f"{path} is not a manifest this mme reads: {exc}; re-run 'mme package'") from None
 
 
-__all__ = [
-    "MANIFEST_NAME", "SCHEMA_VERSION", "BuildDetails", "FileEntry", "Manifest", "ManifestFieldError", "SampleRequest",
-    "Source", "TensorEntry", "TritonSettings", "TritonTarget", "Validation",
-]

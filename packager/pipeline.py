@@ -26,7 +26,8 @@ from packager.formats import FORMATS, ExportContext, ExportOptions
 from packager.formats.gpu import check_precision
 from packager.formats.onnx_format import MIN_OPSET
 from packager.hub import hub_reachable, use_offline_mode
-from packager.manifest import BuildDetails, Manifest, Source, TensorEntry, TritonSettings, TritonTarget, Validation
+from packager.manifest import Manifest
+from packager.manifest_records import BuildDetails, Source, TensorEntry, TritonSettings, TritonTarget, Validation
 from packager.model import ModelRequest, triton_model_name
 from packager.triton_config import TritonOptions, build_config
 from packager.validate import reference_cases, validate

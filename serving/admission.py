@@ -31,10 +31,10 @@ from typing import Awaitable, Callable
 import psutil
 
 from mme.progress import Reporter
-from serving.cache import CachedModel
+from serving.cache_entries import CachedModel
 from serving.container import ContainerUnreachable
 from serving.metrics import EndpointMetrics
-from serving.triton.base import alive
+from serving.triton.processes import alive
 
 EVICT_UNLOAD_TIMEOUT_S = 30.0  # an eviction's unload past this restarts the server (measured: 2 s each)
 

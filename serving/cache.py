@@ -58,10 +58,6 @@ from serving.cache_entries import (
 from serving.extract import CorruptArtifact, DiskBudget, ExtractLimits, extract_model_tarball
 from serving.store import ArtifactChanged, ModelSource, ObjectInfo, StoreError, validate_target_name
 
-__all__ = [  # the entry names stay importable from here
-    "ENTRY_FILE", "FREE_SPACE_RESERVE_BYTES", "MODEL_DIR", "CacheStats", "CachedModel", "FetchInterrupted",
-    "ModelCache", "cache_key", "disk_usage",
-]
 
 # Free space an extraction leaves on the cache's filesystem (logs, Triton's own files, other writers).
 FREE_SPACE_RESERVE_BYTES = 256 * 2**20

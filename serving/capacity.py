@@ -169,7 +169,7 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
 
     from packager.manifest import MANIFEST_NAME, Manifest
     from serving.memory import choose_meter
-    from serving.triton.base import TritonServerConfig
+    from serving.triton.config import TritonServerConfig
     from serving.triton.factory import choose_cache_root, choose_kind, create_server, server_class
     from serving.triton.sagemaker_serve import sagemaker_settings_from_environ
 

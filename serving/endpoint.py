@@ -45,8 +45,9 @@ from typing import Callable
 from mme.progress import Reporter
 from serving import errors_sagemaker as sm
 from serving import outcomes as out
-from serving.admission import EVICT_UNLOAD_TIMEOUT_S, Admission, LoadedEntry  # noqa: F401 (re-exported)
-from serving.cache import CachedModel, ModelCache, cache_key
+from serving.admission import Admission, LoadedEntry
+from serving.cache import ModelCache
+from serving.cache_entries import CachedModel, cache_key
 from serving.container import (
     LOAD_TIMEOUT_S,
     ContainerOutOfMemory,

@@ -34,7 +34,7 @@ from typing import Callable, Mapping
 
 import aiohttp
 
-from serving.cache import cache_key
+from serving.cache_entries import cache_key
 from serving.container import invoke_headers, invoke_path, unreachable
 
 MIN_HEDGE_S = 0.05  # never send a second copy sooner than this

@@ -28,7 +28,7 @@ from serving.front import build_app
 from serving.memory import MemoryMeter, choose_meter
 from serving.sigv4_verify import Credentials
 from serving.store import source_from_uri
-from serving.triton.base import TritonServerConfig
+from serving.triton.config import TritonServerConfig
 from serving.triton.factory import choose_cache_root, choose_kind, create_server, server_class
 
 ENDPOINT_NAME = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")  # CreateEndpoint's EndpointName pattern
@@ -118,7 +118,7 @@ def default_disk_limit(cache_dir: Path) -> int:
     are deleted before the disk fills, as SageMaker does on an instance."""
     import shutil
 
-    from serving.cache import disk_usage
+    from serving.cache_entries import disk_usage
 
     cache_dir.mkdir(parents=True, exist_ok=True)
     return max(1, disk_usage(cache_dir) + int(DISK_SHARE * shutil.disk_usage(cache_dir).free))

@@ -20,7 +20,7 @@ import psutil
 
 from mme.progress import Reporter
 from serving.admission import Admission, LoadedEntry
-from serving.cache import cache_key
+from serving.cache_entries import cache_key
 from serving.container import ContainerUnreachable
 from serving.metrics import EndpointMetrics
 from serving.triton.base import TritonServer

@@ -102,7 +102,7 @@ def running_moto_server() -> Iterator[str]:
     exe = Path(sys.executable).parent / "moto_server"
     if not exe.exists():
         pytest.skip("moto_server not installed; pip install 'moto[server]'")
-    from serving.triton.base import free_ports
+    from serving.triton.config import free_ports
 
     port = free_ports(1)[0]
     url = f"http://127.0.0.1:{port}"

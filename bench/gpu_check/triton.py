@@ -32,7 +32,8 @@ def gpu_python_model(torchscript: Path, out: Path, device: str = "cuda") -> Path
 
     from mme.fsutil import deterministic_tar_gz
     from packager.layout import file_entries
-    from packager.manifest import Manifest, Validation
+    from packager.manifest import Manifest
+    from packager.manifest_records import Validation
     from packager.triton_config import read_config, write_config
 
     manifest = Manifest.load(torchscript)
@@ -81,7 +82,7 @@ def triton_serves_a_gpu_copy(artifact: Path, torchscript: Path, device: str = "c
     from serving.cache import ModelCache
     from serving.container import ContainerClient
     from serving.store import LocalDirSource
-    from serving.triton.base import TritonServerConfig
+    from serving.triton.config import TritonServerConfig
     from serving.triton.local import LocalTritonServer
 
     manifest = Manifest.load(artifact)

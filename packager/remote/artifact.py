@@ -16,7 +16,8 @@ from mme import __version__
 from mme.fsutil import staged_directory
 from mme.versions import release as triton_release
 from packager.formats.gpu import HARDWARE_COMPATIBLE
-from packager.manifest import BuildDetails, Manifest, TritonSettings, TritonTarget, Validation
+from packager.manifest import Manifest
+from packager.manifest_records import BuildDetails, TritonSettings, TritonTarget, Validation
 from packager.remote.job import PLAN_FILE, JobOutput
 from packager.remote.plan import CompilePlan, OnnxArtifact
 

@@ -13,8 +13,7 @@ and GPU from the job).
 
 This module runs the steps and keeps the state file; ``plan`` works out the job,
 ``job`` talks to S3 and SageMaker, ``artifact`` writes the result with the packager's
-layout code. The names callers use (``CompileRequest``, ``check_request``,
-``load_onnx_artifact``, ``plan_compile``, ``run_compile``, ...) are all importable from here.
+layout code.
 """
 
 from __future__ import annotations
@@ -30,22 +29,15 @@ from mme.aws.session import aws_errors, explain, is_not_found
 from mme.aws.state import SCHEMA_VERSION, StateDir, now_iso
 from mme.progress import Reporter
 from mme.versions import release as triton_release, same_tensorrt
-from packager.remote.artifact import tensorrt_config, write_tensorrt_artifact
+from packager.remote.artifact import write_tensorrt_artifact
 from packager.remote.job import (
-    INFO_FILE, MAX_PLAN_BYTES, PLAN_FILE, BuildInfo, JobOutput, download_job_output, read_job_output, upload_inputs,
+    download_job_output, upload_inputs,
     wait_for_job,
 )
 from packager.remote.plan import (
-    CODE_DIR, ENTRY_SCRIPT, TAGS, CompilePlan, CompileRequest, OnnxArtifact, check_request, job_base_name,
-    load_onnx_artifact, plan_compile, profile_shapes, tensorrt_major,
+    CompilePlan, OnnxArtifact,
 )
 
-__all__ = [
-    "CODE_DIR", "ENTRY_SCRIPT", "INFO_FILE", "MAX_PLAN_BYTES", "PLAN_FILE", "TAGS", "BuildInfo", "CompilePlan",
-    "CompileRequest", "JobOutput", "OnnxArtifact", "TransferSettings", "check_request", "download_and_write",
-    "job_base_name", "load_onnx_artifact", "plan_compile", "profile_shapes", "read_job_output", "run_compile",
-    "tensorrt_config", "tensorrt_major", "upload_inputs", "wait_for_job", "write_tensorrt_artifact",
-]
 
 
 def download_and_write(s3: Any, plan: CompilePlan, artifact: OnnxArtifact, job: dict, reporter: Reporter) -> Path:

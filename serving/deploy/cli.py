@@ -306,10 +306,11 @@ def register_compile(subparsers: Any) -> None:
 
 def run_compile(args: argparse.Namespace) -> int:
     from packager.remote import compile as remote
+    from packager.remote.plan import CompileRequest, check_request, load_onnx_artifact, plan_compile
     from mme.aws.session import connect
     from mme.aws.state import StateDir
 
-    request = remote.CompileRequest(
+    request = CompileRequest(
         artifact=Path(args.artifact), s3=args.s3, instance_type=args.instance_type, role_arn=args.role,
         region=args.region, image_uri=args.image_uri, triton_release=args.triton_release, precision=args.precision,
         hardware_compatible=args.hardware_compatible, max_batch_size=args.max_batch_size, workspace_mib=args.workspace_mib, out=Path(args.out) if args.out else None,
@@ -317,13 +318,13 @@ def run_compile(args: argparse.Namespace) -> int:
         poll_interval_s=args.poll_interval, state_dir=Path(args.state_dir), s3_endpoint_url=args.s3_endpoint_url,
         retry=args.retry, dry_run=args.dry_run,
     )
-    remote.check_request(request)
-    artifact = remote.load_onnx_artifact(request.artifact)
+    check_request(request)
+    artifact = load_onnx_artifact(request.artifact)
     reporter = Reporter(quiet=args.quiet)
     aws = connect(args.region)
     s3 = aws.client("s3", args.s3_endpoint_url)
     store = StateDir(Path(args.state_dir), "compile job")
-    plan = remote.plan_compile(request, aws.region, s3, store, artifact, reporter)
+    plan = plan_compile(request, aws.region, s3, store, artifact, reporter)
     if _print_plan(plan.lines(), args.dry_run, "nothing was uploaded or started"):
         return 0
     out = remote.run_compile(plan, artifact, aws.client("sagemaker"), s3, store, reporter,

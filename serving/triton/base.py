@@ -10,8 +10,8 @@ Subclasses say how the process is launched (:meth:`TritonServer.command` and
 :meth:`TritonServer._environment`); this module starts it in its own process group, waits
 for ``GET /ping`` (:func:`mme.polling.poll_until`), and stops the whole group (python-backend
 stub processes included). Its configuration and errors live in :mod:`serving.triton.config`,
-the process-group machinery and probes in :mod:`serving.triton.processes`; both are
-importable from here too.
+the process-group machinery in :mod:`serving.triton.processes`, and ``GET /ping`` in
+:mod:`serving.container` (the one home of Triton's HTTP).
 """
 
 from __future__ import annotations
@@ -33,15 +33,9 @@ import psutil
 from mme.polling import poll_until
 from serving.container import ping_status
 from serving.triton.config import (
-    DEFAULT_SAGEMAKER_PORT,
-    SAGEMAKER_MODEL_ROOT,
-    SAGEMAKER_ROOT_REQUIRED_SINCE,
-    ModelRootError,
     TritonServerConfig,
     TritonServerError,
     TritonStartupError,
-    free_ports,
-    parse_version,
     resolve_ports,
 )
 from serving.triton.processes import (
@@ -66,12 +60,6 @@ from serving.triton.sagemaker_serve import (
     supported_flags,
 )
 
-__all__ = [  # the configuration and process helpers stay importable from here
-    "DEFAULT_SAGEMAKER_PORT", "INSTANCE_ENV", "OWNER_ENV", "SAGEMAKER_MODEL_ROOT", "SAGEMAKER_ROOT_REQUIRED_SINCE",
-    "ModelRootError", "TritonServer", "TritonServerConfig", "TritonServerError", "TritonStartupError", "alive",
-    "free_ports", "log_tail", "parse_version", "process_group_members", "resolve_ports",
-    "sweep_orphans",
-]
 
 
 class TritonServer(abc.ABC):

@@ -7,7 +7,9 @@ import json
 
 import pytest
 
-from bench.analysis import analyse, percentile, write_summary
+from bench.analysis import analyse
+from bench.summary_io import write_summary
+from mme.stats import percentile
 from tests.bench_report.runs import RunBuilder, clean_run, staged_run
 
 approx = pytest.approx

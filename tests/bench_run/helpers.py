@@ -10,7 +10,7 @@ from pathlib import Path
 from bench import results
 from mme.process import child_env
 
-from serving.triton.base import free_ports
+from serving.triton.config import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 # Deterministic credentials for every generator process: the SigV4 test re-signs with them.

@@ -26,8 +26,8 @@ import requests
 
 from mme.fsutil import write_json_atomic
 from mme.process import child_env
-from serving.cache import cache_key
-from serving.triton.base import free_ports
+from serving.cache_entries import cache_key
+from serving.triton.config import free_ports
 
 MODEL_PY = '''
 import numpy as np

@@ -83,7 +83,8 @@ def artifact(test_resnet_cpu_local, tmp_path: Path) -> Path:
 def rewrite_tarball(directory: Path, data: bytes) -> None:
     """Replace an artifact's tarball and record it in the manifest, as a re-package would."""
     from mme.fsutil import sha256_of
-    from packager.manifest import FileEntry, Manifest
+    from packager.manifest import Manifest
+    from packager.manifest_records import FileEntry
 
     manifest = Manifest.load(directory)
     tarball = directory / manifest.tarball

@@ -18,6 +18,10 @@ import pytest
 from mme.progress import Reporter
 from mme.versions import release as triton_release
 from packager.remote import compile as remote
+from packager.remote.artifact import tensorrt_config
+from packager.remote.job import BuildInfo, read_job_output
+from packager.remote.plan import CompileRequest, check_request, load_onnx_artifact, plan_compile, profile_shapes
+from packager.remote.job import wait_for_job
 from packager.remote import trt_build_entry
 from mme.aws.errors import AwsError, CompileFailed
 from mme.aws.state import StateDir
@@ -27,12 +31,12 @@ NOW = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
 
 
 def _plan(s3env, onnx_artifact, tmp_path, **overrides):
-    request = remote.CompileRequest(artifact=onnx_artifact, s3=f"s3://{s3env.bucket}/work", instance_type="ml.g5.2xlarge",
+    request = CompileRequest(artifact=onnx_artifact, s3=f"s3://{s3env.bucket}/work", instance_type="ml.g5.2xlarge",
                                     role_arn=ROLE, state_dir=tmp_path / "compile-state", **overrides)
-    remote.check_request(request)
-    artifact = remote.load_onnx_artifact(onnx_artifact)
+    check_request(request)
+    artifact = load_onnx_artifact(onnx_artifact)
     store = StateDir(request.state_dir, "compile job")
-    return remote.plan_compile(request, "us-east-1", s3env.client, store, artifact, Reporter(quiet=True)), artifact, store
+    return plan_compile(request, "us-east-1", s3env.client, store, artifact, Reporter(quiet=True)), artifact, store
 
 
 def _job(plan, status, secondary, **extra):
@@ -75,19 +79,19 @@ def test_plan_builds_a_valid_training_job_request(s3env, onnx_artifact, tmp_path
 
 
 def test_dynamic_axes_take_their_maximum_from_the_manifest():
-    from packager.manifest import BuildDetails, TensorEntry
+    from packager.manifest_records import BuildDetails, TensorEntry
 
     class Manifest:
         inputs = (TensorEntry("input_ids", "INT64", (-1,), ("sequence",)),
                   TensorEntry("attention_mask", "INT64", (-1,), ("sequence",)))
         details = BuildDetails({"axes_max": {"sequence": 128}})
 
-    shapes = remote.profile_shapes(Manifest, 16)
+    shapes = profile_shapes(Manifest, 16)
     assert shapes["min"]["input_ids"] == [1, 1] and shapes["opt"]["input_ids"] == [8, 128] and shapes["max"]["attention_mask"] == [16, 128]
     assert trt_build_entry.shape_arg(shapes["max"]) == "input_ids:16x128,attention_mask:16x128"
     Manifest.details = BuildDetails()
     with pytest.raises(AwsError, match="without a known maximum"):
-        remote.profile_shapes(Manifest, 16)
+        profile_shapes(Manifest, 16)
 
 
 def test_compile_runs_the_job_and_writes_the_tensorrt_artifact(s3env, onnx_artifact, tmp_path, stubbed, fake_clock):
@@ -171,7 +175,7 @@ def test_waiting_gives_up_before_the_timeout_and_says_the_job_keeps_running(s3en
         stub.add_response("describe_training_job", _job(plan, "InProgress", secondary), {"TrainingJobName": plan.job_name})
     clock, lines = fake_clock(), io.StringIO()
     with pytest.raises(WaitTimeout) as caught:
-        remote.wait_for_job(sm, plan.job_name, 100, 30, Reporter(stream=lines), sleep=clock.sleep, clock=clock.clock)
+        wait_for_job(sm, plan.job_name, 100, 30, Reporter(stream=lines), sleep=clock.sleep, clock=clock.clock)
     stub.assert_no_pending_responses()
     assert clock.sleeps == [30, 30, 30], "no sleep that would pass the timeout"
     assert f"training job {plan.job_name} still InProgress after 90 s; it keeps running" in str(caught.value)
@@ -185,7 +189,7 @@ def test_the_plans_config_comes_from_the_onnx_config_with_the_engines_dtypes(onn
     from packager.triton_config import read_config
 
     onnx_config = read_config(onnx_artifact / "test_resnet" / "config.pbtxt")
-    config = remote.tensorrt_config(onnx_config, 4, {"pixel_values": "HALF"})
+    config = tensorrt_config(onnx_config, 4, {"pixel_values": "HALF"})
     assert onnx_config.platform != "tensorrt_plan", "the ONNX artifact's config is left as it was"
     assert config.platform == "tensorrt_plan" and config.max_batch_size == 4 and not config.parameters
     assert config.input[0].data_type == model_config_pb2.TYPE_FP16
@@ -203,12 +207,12 @@ def test_job_output_without_a_readable_build_info_still_gives_the_plan(tmp_path)
         return path
 
     (tmp_path / "a").mkdir()
-    output = remote.read_job_output(tarball("a.tar.gz", {"./model.plan": b"PLAN", "build_info.json": b"{not json"}),
+    output = read_job_output(tarball("a.tar.gz", {"./model.plan": b"PLAN", "build_info.json": b"{not json"}),
                                      tmp_path / "a")
-    assert output.plan_file.read_bytes() == b"PLAN" and output.info == remote.BuildInfo()
+    assert output.plan_file.read_bytes() == b"PLAN" and output.info == BuildInfo()
     assert output.info.tensorrt == "unknown" and output.info.command is None
     with pytest.raises(CompileFailed, match="has no model.plan"):
-        remote.read_job_output(tarball("b.tar.gz", {"build_info.json": b"{}"}), tmp_path)
+        read_job_output(tarball("b.tar.gz", {"build_info.json": b"{}"}), tmp_path)
 
 
 def test_compile_refuses_other_formats_and_bad_instance_types(artifact, onnx_artifact, s3env, tmp_path, run_cli):

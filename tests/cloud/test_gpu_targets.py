@@ -17,8 +17,11 @@ from mme.errors import MmeError
 from mme.progress import Reporter
 from mme.versions import NoSageMakerImageError, release
 from packager.compat import PlanIncompatibleError
-from packager.manifest import Manifest, TritonTarget
-from packager.remote import compile as remote
+from packager.manifest import Manifest
+from packager.manifest_records import TritonTarget
+from packager.remote.plan import CompileRequest, check_request, load_onnx_artifact, plan_compile
+from mme.aws.s3 import TransferSettings
+from packager.remote.job import upload_inputs
 from serving.deploy import endpoint as deploy
 from serving.deploy.s3push import PushRequest, push
 from mme.aws.session import S3Uri, boto3_session
@@ -126,12 +129,12 @@ def test_deploy_uses_the_image_recorded_at_push_for_a_self_hosted_release(s3env,
 
 def compile_plan(s3env, onnx_artifact, tmp_path, **overrides):
     options = {"instance_type": "ml.g5.2xlarge", **overrides}
-    request = remote.CompileRequest(artifact=onnx_artifact, s3=f"s3://{s3env.bucket}/work", role_arn=ROLE,
+    request = CompileRequest(artifact=onnx_artifact, s3=f"s3://{s3env.bucket}/work", role_arn=ROLE,
                                     state_dir=tmp_path / "compile-state", **options)
-    remote.check_request(request)
-    artifact = remote.load_onnx_artifact(onnx_artifact)
+    check_request(request)
+    artifact = load_onnx_artifact(onnx_artifact)
     store = StateDir(request.state_dir, "compile job")
-    return remote.plan_compile(request, "us-east-1", s3env.client, store, artifact, Reporter(quiet=True)), artifact
+    return plan_compile(request, "us-east-1", s3env.client, store, artifact, Reporter(quiet=True)), artifact
 
 
 def test_compile_refuses_a_release_without_a_sagemaker_image_and_a_gpu_it_does_not_run_on(s3env, onnx_artifact, tmp_path):
@@ -140,7 +143,7 @@ def test_compile_refuses_a_release_without_a_sagemaker_image_and_a_gpu_it_does_n
     with pytest.raises(PlanIncompatibleError, match="compute capability 7.5 and newer"):
         compile_plan(s3env, onnx_artifact, tmp_path, instance_type="ml.p3.2xlarge")
     with pytest.raises(MmeError, match="fp32, tf32 or fp16"):
-        remote.check_request(remote.CompileRequest(artifact=onnx_artifact, s3="s3://b/p", instance_type="ml.g5.2xlarge",
+        check_request(CompileRequest(artifact=onnx_artifact, s3="s3://b/p", instance_type="ml.g5.2xlarge",
                                                    role_arn=ROLE, precision="int8"))
 
 
@@ -155,7 +158,7 @@ def test_compile_for_tensorrt_11_uploads_an_fp16_graph_that_onnxruntime_runs(s3e
     image = "123456789012.dkr.ecr.us-east-1.amazonaws.com/my-triton:26.07"
     plan, artifact = compile_plan(s3env, onnx_artifact, tmp_path, triton_release="26.07", image_uri=image)
     assert plan.build_config["fp16_graph"] is True and plan.image_uri == image
-    remote.upload_inputs(s3env.client, plan, artifact, remote.TransferSettings(), Reporter(quiet=True))
+    upload_inputs(s3env.client, plan, artifact, TransferSettings(), Reporter(quiet=True))
     uri = S3Uri.parse(plan.input_uri)
     local = tmp_path / "uploaded.onnx"
     s3env.client.download_file(uri.bucket, uri.key("model.onnx"), str(local))

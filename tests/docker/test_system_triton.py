@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from serving.container import ping_status
-from serving.triton.base import TritonServerConfig
+from serving.triton.config import TritonServerConfig
 from serving.triton.system import (
     BINARY_ENV,
     SystemTritonNotFoundError,

@@ -23,7 +23,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from mme.progress import Reporter
-from serving.cache import cache_key
+from serving.cache_entries import cache_key
 from serving.local_endpoint import LocalEndpoint, LocalEndpointOptions
 from tests.serving.python_models import echo_request, write_echo_tarball
 

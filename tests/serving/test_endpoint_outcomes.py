@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from serving import outcomes as out
-from serving.cache import CachedModel, cache_key
+from serving.cache_entries import CachedModel, cache_key
 from serving.container import ContainerOutOfMemory, ContainerUnreachable
 from serving.endpoint import EndpointConfig, MultiModelEndpoint
 from serving.front import sagemaker_reply

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 from aiohttp import web
 
-from serving.cache import cache_key
+from serving.cache_entries import cache_key
 from serving.container import TARGET_HEADER, ContainerUnreachable
 from serving.forward import Forwarder, InvocationTimedOut
 

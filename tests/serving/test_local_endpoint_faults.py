@@ -133,7 +133,7 @@ def test_a_dead_worker_is_unloaded_and_reloaded(tmp_path, path):
 def test_triton_left_by_a_killed_mme_serve_is_stopped_by_the_next_start(packaged_test_resnet):
     """SIGKILL of `mme serve` cannot stop its Triton (no handler runs): the server and its workers
     live on under init. The next server start finds them by their owner tag and stops them."""
-    from serving.triton.base import TritonServerConfig
+    from serving.triton.config import TritonServerConfig
     from serving.triton.local import LocalTritonServer
     proc = serve_and_load(packaged_test_resnet, "-q", output=subprocess.DEVNULL)
     leftovers: list[psutil.Process] = []
@@ -159,7 +159,7 @@ def test_triton_left_by_a_killed_mme_serve_is_stopped_by_the_next_start(packaged
 
 def serve_and_load(packaged, *flags: str, output) -> subprocess.Popen:
     """`mme serve` of ``packaged`` in its own process, ready, with test_resnet.tar.gz loaded."""
-    from serving.triton.base import free_ports
+    from serving.triton.config import free_ports
 
     port = free_ports(1)[0]
     proc = subprocess.Popen([sys.executable, "-m", "mme", *flags, "serve", "--models", str(packaged.directory),

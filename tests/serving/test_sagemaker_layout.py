@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from mme.progress import Reporter
-from serving.cache import cache_key
+from serving.cache_entries import cache_key
 from serving.container import ContainerClient
 from serving.local_endpoint import LocalEndpoint, LocalEndpointOptions
 from tests.serving.conftest import decode_kserve, header_size_of

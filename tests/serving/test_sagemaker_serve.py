@@ -319,7 +319,7 @@ def wheel():
 
 
 def quiet_config(**overrides):
-    from serving.triton.base import TritonServerConfig
+    from serving.triton.config import TritonServerConfig
 
     fields = dict(sagemaker_port=0, http_port=None, grpc_port=None, metrics_port=None, startup_timeout_s=60.0)
     return TritonServerConfig(**{**fields, **overrides})
@@ -331,7 +331,7 @@ def test_local_kind_passes_the_settings_and_drops_what_2_51_lacks(wheel, tmp_pat
 
     from serving.container import ContainerClient
     from serving.container import ping_status
-    from serving.triton.base import TritonServerError
+    from serving.triton.config import TritonServerError
     from serving.triton.local import LocalTritonServer
 
     settings = {"SAGEMAKER_TRITON_SHM_DEFAULT_BYTE_SIZE": str(3 << 20), "SAGEMAKER_TRITON_LOG_VERBOSE": "false",

@@ -10,7 +10,7 @@ import pytest
 
 from mme.errors import MmeError
 from mme.versions import release
-from serving.triton.base import ModelRootError, TritonServerConfig
+from serving.triton.config import ModelRootError, TritonServerConfig
 from serving.triton.docker import CONTAINER_REPOSITORY, DockerTritonServer, DockerUnavailableError
 from serving.triton.sagemaker_serve import serve_arguments
 
@@ -110,7 +110,7 @@ def test_local_endpoint_mounts_its_model_cache_into_the_container(tmp_path, pack
     target's load url is /opt/ml/models/<hash>/model inside the container."""
     import shutil
 
-    from serving.cache import cache_key
+    from serving.cache_entries import cache_key
     from serving.local_endpoint import LocalEndpoint, LocalEndpointOptions
 
     models = tmp_path / "models"

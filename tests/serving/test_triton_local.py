@@ -20,7 +20,7 @@ from serving.container import (
     ModelNotLoaded,
 )
 from serving.memory import process_tree_memory
-from serving.triton.base import TritonServerConfig, TritonStartupError
+from serving.triton.config import TritonServerConfig, TritonStartupError
 from serving.triton.local import LocalTritonServer
 from tests.serving.conftest import STARTUP_TIMEOUT_S, decode_kserve, header_size_of
 

@@ -11,7 +11,7 @@ import pytest
 
 from mme.errors import MmeError
 from serving.triton import local
-from serving.triton.base import TritonServerConfig, free_ports, resolve_ports
+from serving.triton.config import TritonServerConfig, free_ports, resolve_ports
 from serving.triton.local import (
     STUB_NAME,
     LocalTritonServer,
@@ -134,7 +134,7 @@ def test_sagemaker_settings_reach_the_environment_and_config_ports_become_settin
 
 
 def test_kserve_url_needs_http_on():
-    from serving.triton.base import TritonServerError
+    from serving.triton.config import TritonServerError
 
     assert LocalTritonServer(TritonServerConfig(http_port=8000)).kserve_url == "http://127.0.0.1:8000"
     with pytest.raises(TritonServerError, match="http_port=0") as info:

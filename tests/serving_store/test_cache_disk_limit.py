@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from serving.cache import ENTRY_FILE, ModelCache, cache_key, disk_usage
+from serving.cache import ModelCache
+from serving.cache_entries import ENTRY_FILE, cache_key, disk_usage
 from serving.extract import ExceedsDiskBudget
 from serving.store import LocalDirSource, ModelSource
 from tests.serving_store.store_helpers import Member, WatchedSource, model_members, run_together, write_tarball

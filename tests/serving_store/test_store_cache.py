@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from mme.fsutil import sha256_of
-from serving.cache import CachedModel, ModelCache, cache_key
+from serving.cache import ModelCache
+from serving.cache_entries import CachedModel, cache_key
 from serving.extract import CorruptArtifact, UnsafeArtifact
 from serving.store import ArtifactChanged, InvalidTargetName, LocalDirSource, ModelSource, ObjectInfo, TargetNotFound, source_from_uri
 from tests.serving_store.store_helpers import Member, WatchedSource, model_members, run_together, tree, write_tarball
