@@ -32,6 +32,7 @@ TARGET_HEADER = "X-Amzn-SageMaker-Target-Model"
 VARIANT_HEADER = "X-Amzn-SageMaker-Target-Variant"
 ENDPOINT_KEY = web.AppKey("endpoint", MultiModelEndpoint)
 CREDENTIALS_KEY = web.AppKey("credentials", sigv4.Credentials)  # present: signatures are verified
+AUTHORIZATION = web.RequestKey("sigv4_authorization", sigv4.Authorization)  # per request: its parsed header, checked once
 
 
 def _response(reply: sm.HttpReply) -> web.Response:
@@ -75,7 +76,7 @@ def _signed(request: web.Request) -> bool:
             or "X-Amz-Signature" in request.rel_url.query)
 
 
-def _rejected(rejection: sigv4.Authorization | sigv4.Rejection | None) -> sm.HttpReply | None:
+def _rejected(rejection: sigv4.Rejection | None) -> sm.HttpReply | None:
     if isinstance(rejection, sigv4.Rejection):
         return sm.authentication_failure(rejection.code, rejection.message)
     return None
@@ -88,10 +89,11 @@ def _refusal(request: web.Request, endpoint: MultiModelEndpoint) -> sm.HttpReply
         return sm.missing_authentication_token()
     credentials = request.app.get(CREDENTIALS_KEY)
     if credentials is not None:  # the key, the form and the time; the signature once the body is read
-        refused = _rejected(sigv4.check_header(request.headers.get("Authorization", ""),
-                                               request.headers.get("X-Amz-Date"), request.rel_url.query, credentials))
-        if refused is not None:
-            return refused
+        auth = sigv4.check_header(request.headers.get("Authorization", ""), request.headers.get("X-Amz-Date"),
+                                  request.rel_url.query, credentials)
+        if isinstance(auth, sigv4.Rejection):
+            return _rejected(auth)
+        request[AUTHORIZATION] = auth
     name = request.match_info["name"]
     if name != config.endpoint_name:
         return sm.endpoint_not_found(name, config.account)
@@ -133,13 +135,9 @@ async def invocations(request: web.Request) -> web.Response:
 
 
 def _verify(request: web.Request, body: bytes, credentials: sigv4.Credentials) -> sm.HttpReply | None:
-    """The signature over the request as received (the header was checked by :func:`_refusal`)."""
-    auth = sigv4.check_header(request.headers.get("Authorization", ""), request.headers.get("X-Amz-Date"),
-                              request.rel_url.query, credentials)
-    if isinstance(auth, sigv4.Rejection):
-        return _rejected(auth)
-    return _rejected(sigv4.check_signature(auth, credentials, method=request.method, raw_path=request.raw_path,
-                                           headers=request.headers.items(), body=body,
+    """The signature over the request as received (its header was checked, and parsed, by :func:`_refusal`)."""
+    return _rejected(sigv4.check_signature(request[AUTHORIZATION], credentials, method=request.method,
+                                           raw_path=request.raw_path, headers=request.headers.items(), body=body,
                                            amz_date=request.headers["X-Amz-Date"]))
 
 
