@@ -160,8 +160,10 @@ def build_report(readings: Readings, footprint_steps: Sequence[CapacityStep] | N
 def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | None, probe_copies: int = 3,
                      verify: bool = True, cycles: int = 0, max_copies: int = 500,
                      instances: dict[str, dict] | None = None, reporter: Reporter | None = None,
-                     cache_dir: Path | None = None, server_kind: str = "local", memory: str = "auto") -> CapacityReport:
-    """``server_kind`` as ``mme serve --server`` takes it; ``memory``: what is counted, "gpu"
+                     cache_dir: Path | None = None, server_kind: str = "local", memory: str = "auto",
+                     triton_network: str | None = None) -> CapacityReport:
+    """``server_kind`` as ``mme serve --server`` takes it, ``triton_network`` as its ``--triton-network``
+    (None: ``$MME_TRITON_NETWORK``, else private); ``memory``: what is counted, "gpu"
     (NVML, the whole device), "host" (RSS of the server's process tree) or "auto" (the GPU
     whenever one is visible and the artifact is not a CPU one)."""
     import os
@@ -169,7 +171,7 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
 
     from packager.manifest import MANIFEST_NAME, Manifest
     from serving.memory import choose_meter
-    from serving.triton.config import TritonServerConfig
+    from serving.triton.config import TritonServerConfig, default_network
     from serving.triton.factory import choose_cache_root, choose_kind, create_server, server_class
     from serving.triton.sagemaker_serve import sagemaker_settings_from_environ
 
@@ -185,7 +187,8 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
         # Triton as SageMaker's image runs it (python shared memory, namespacing; SAGEMAKER_TRITON_*
         # of this environment honoured): what a copy costs there is what is counted here.
         config = TritonServerConfig(sagemaker_port=0, http_port=None, grpc_port=None, metrics_port=None,
-                                    sagemaker_env=sagemaker_settings_from_environ(os.environ))
+                                    sagemaker_env=sagemaker_settings_from_environ(os.environ),
+                                    network=triton_network or default_network())
         server = create_server(kind, config, model_root=cache.root)
         meter = choose_meter(memory, server.pids, instance_kind=manifest.triton.instance_kind)
         limit = limit_bytes or meter.total()

@@ -16,6 +16,16 @@ ACCESS_KEY_ENV = "MME_SERVE_ACCESS_KEY_ID"
 SECRET_KEY_ENV = "MME_SERVE_SECRET_ACCESS_KEY"
 
 
+def add_triton_network(p: argparse.ArgumentParser) -> None:
+    from serving.triton.config import NETWORK_ENV, NETWORKS, default_network
+
+    p.add_argument("--triton-network", choices=NETWORKS, default=default_network(),
+                   help="where the local and system server kinds run Triton: 'private', a network namespace of its own "
+                        "reached through a Unix socket (needs unshare); 'host', this host's network, where its "
+                        "SageMaker port listens on 0.0.0.0 for anyone who can reach the host "
+                        f"(default: %(default)s; set ${NETWORK_ENV} to change it)")
+
+
 def register(subparsers) -> None:
     register_serve(subparsers)
     register_capacity(subparsers)
@@ -38,6 +48,7 @@ def register_serve(subparsers) -> None:
     p.add_argument("--memory-limit", type=byte_size, help="memory the models may use, e.g. 4G (default: GPU memory, or host RAM)")
     p.add_argument("--copies", type=int, default=0, metavar="N",
                    help="also answer for <name>-v1..vN.tar.gz from <name>.tar.gz (no duplicate files)")
+    add_triton_network(p)
     p.add_argument("--server", choices=KINDS, default="auto",
                    help="Triton under Docker with a GPU, the tritonserver of this image (system), "
                    "or the CPU binary of the nvidia-pytriton wheel (local); default: auto")
@@ -101,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         region=args.region, model_wait_timeout_s=args.model_wait_timeout, invocation_timeout_s=args.invocation_timeout,
         allow_unsigned=args.allow_unsigned, load_timeout_s=args.load_timeout, sagemaker_env=settings,
         disk_limit_bytes=args.disk_limit, require_signature=args.require_signature,
-        access_key_id=args.access_key_id, secret_access_key=args.secret_access_key,
+        access_key_id=args.access_key_id, secret_access_key=args.secret_access_key, triton_network=args.triton_network,
     )
     reporter = Reporter(quiet=args.quiet)
     endpoint = LocalEndpoint(options, reporter)
@@ -116,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
         reporter.info(f"    boto3.client('sagemaker-runtime', endpoint_url='{endpoint.url}', region_name="
                       f"'{options.region}', {keys}).invoke_endpoint("
                       f"EndpointName='{options.endpoint_name}', TargetModel='<name>.tar.gz', ...)")
+        if endpoint.server.network is not None:
+            reporter.info(f"    Triton runs {endpoint.server.network.describe()}")
         if settings:
             reporter.info(f"    Triton started as SageMaker's image starts it, with {', '.join(sorted(settings))}")
         reporter.info(f"    metrics: {endpoint.url}/metrics (Prometheus), {endpoint.url}/metrics.json; Ctrl-C stops")
@@ -147,6 +160,7 @@ def register_capacity(subparsers) -> None:
     p.add_argument("artifact", nargs="?", help="artifacts/<model>/<format> made by 'mme package' (local loop)")
     p.add_argument("--threshold", type=fraction, default=0.9, help="share of the memory limit (default: 0.9)")
     p.add_argument("--memory-limit", type=byte_size, help="memory to fill, e.g. 2G (default: the GPU's memory, or this host's RAM)")
+    add_triton_network(p)
     p.add_argument("--server", choices=KINDS, default="auto",
                    help="Triton to load into, as for mme serve (default: auto; TensorRT and ONNX formats need docker or system)")
     p.add_argument("--memory", choices=MEMORY_KINDS, default="auto",
@@ -217,6 +231,7 @@ def run_capacity(args: argparse.Namespace) -> int:
         Path(args.artifact), threshold=args.threshold, limit_bytes=args.memory_limit,
         probe_copies=args.probe_copies or 3, verify=args.verify, cycles=max(0, args.cycles),
         max_copies=args.max_copies, instances=instances, reporter=reporter, server_kind=args.server, memory=args.memory,
+        triton_network=args.triton_network,
     )
     print(format_table(report))
     path = write_report(report, Path(args.out))

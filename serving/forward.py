@@ -35,7 +35,7 @@ from typing import Callable, Mapping
 import aiohttp
 
 from serving.cache_entries import cache_key
-from serving.container import invoke_headers, invoke_path, unreachable
+from serving.container import aiohttp_connector, invoke_headers, invoke_path, unreachable
 
 MIN_HEDGE_S = 0.05  # never send a second copy sooner than this
 HEDGE_FACTOR = 4.0  # ... or sooner than this many times the target's usual latency
@@ -52,7 +52,8 @@ Reply = tuple[int, Mapping[str, str], bytes]
 class Forwarder:
     def __init__(self, base_url: str, timeout_s: float, *, loads_in_flight: Callable[[], int],
                  on_idle: Callable[[str], None] | None = None) -> None:
-        self.base_url = base_url.rstrip("/")
+        pooled, self.base_url = aiohttp_connector(base_url, limit=256, keepalive_timeout=60)
+        fresh, _ = aiohttp_connector(base_url, limit=0, force_close=True)
         self.timeout_s = timeout_s
         self._loads_in_flight = loads_in_flight
         self._on_idle = on_idle
@@ -61,10 +62,8 @@ class Forwarder:
         self._latency: dict[str, float] = {}  # EWMA of each target's answered invocations, seconds
         self.hedged = 0  # second copies sent
         no_timeout = aiohttp.ClientTimeout(total=None)
-        self._pooled = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=256, keepalive_timeout=60), timeout=no_timeout)
-        self._fresh = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, force_close=True), timeout=no_timeout)
+        self._pooled = aiohttp.ClientSession(connector=pooled, timeout=no_timeout)
+        self._fresh = aiohttp.ClientSession(connector=fresh, timeout=no_timeout)
 
     def outstanding(self, target: str) -> int:
         """Requests of ``target`` sent to the container and not answered yet (slower copies included)."""

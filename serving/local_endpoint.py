@@ -28,7 +28,7 @@ from serving.front import build_app
 from serving.memory import MemoryMeter, choose_meter
 from serving.sigv4_verify import Credentials
 from serving.store import source_from_uri
-from serving.triton.config import TritonServerConfig
+from serving.triton.config import TritonServerConfig, default_network
 from serving.triton.factory import choose_cache_root, choose_kind, create_server, server_class
 
 ENDPOINT_NAME = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")  # CreateEndpoint's EndpointName pattern
@@ -59,6 +59,7 @@ class LocalEndpointOptions:
     require_signature: bool = False  # answer only invocations SigV4-signed with the key pair below
     access_key_id: str | None = None
     secret_access_key: str | None = field(default=None, repr=False)
+    triton_network: str = field(default_factory=default_network)  # "private" or "host" (serving/triton/netns.py)
 
     def check(self) -> None:
         if not 0 < self.memory_threshold <= 1:
@@ -146,7 +147,7 @@ class LocalEndpoint:
         kind = choose_kind(options.server_kind)
         # As SageMaker's image runs it: HTTP, gRPC and metrics off, SAGEMAKER_TRITON_* honoured.
         config = TritonServerConfig(sagemaker_port=0, http_port=None, grpc_port=None, metrics_port=None,
-                                    sagemaker_env=dict(options.sagemaker_env))
+                                    sagemaker_env=dict(options.sagemaker_env), network=options.triton_network)
         cache_dir = choose_cache_root(options.cache_dir, server_class(kind).required_model_root())
         self._tmp = None
         if cache_dir is None:

@@ -84,11 +84,16 @@ def triton_serves_a_gpu_copy(artifact: Path, torchscript: Path, device: str = "c
     from serving.store import LocalDirSource
     from serving.triton.config import TritonServerConfig
     from serving.triton.local import LocalTritonServer
+    from serving.triton.netns import namespace_support
 
     manifest = Manifest.load(artifact)
     with tempfile.TemporaryDirectory(prefix="mme-gpu-check-cache-") as tmp:
         cache = ModelCache(Path(tmp), LocalDirSource(artifact))
-        server = LocalTritonServer(TritonServerConfig(sagemaker_port=0, grpc_port=None, metrics_port=None))
+        # Isolated where this host allows network namespaces; a lent GPU machine that does not
+        # (a container) has no network to expose Triton to.
+        network = "private" if namespace_support().available else "host"
+        server = LocalTritonServer(TritonServerConfig(sagemaker_port=0, grpc_port=None, metrics_port=None,
+                                                      network=network))
         with server:
             cached = cache.fetch(manifest.tarball)
             started = time.perf_counter()

@@ -36,8 +36,10 @@ from serving.triton.config import (
     TritonServerConfig,
     TritonServerError,
     TritonStartupError,
+    check_network,
     resolve_ports,
 )
+from serving.triton.netns import PrivateNetwork, host_network_warning
 from serving.triton.processes import (
     INSTANCE_ENV,
     OWNER_ENV,
@@ -72,6 +74,7 @@ class TritonServer(abc.ABC):
         self._workdir: Path | None = None
         self._log_handle: IO[bytes] | None = None
         self._known_children: dict[int, psutil.Process] = {}
+        self._command_pid: int | None = None  # see pid
         self.instance_id = uuid.uuid4().hex  # in the environment of every process it starts
         self.startup_s: float | None = None
         # One-line messages for the user about how this server differs from SageMaker's
@@ -80,6 +83,10 @@ class TritonServer(abc.ABC):
         self._notices_done = False
         self._dropped: list[str] = []  # serve arguments this tritonserver lacks (last command())
         self.swept: list[int] = []  # orphans of earlier runs killed by the last start()
+        check_network(self.requested_config.network)
+        # Triton's ports behind Unix sockets in a network namespace of its own (set by start()
+        # when this kind and config.network ask for it; kept across restarts).
+        self.network: PrivateNetwork | None = None
 
     # -- what subclasses provide --------------------------------------------------------
     @abc.abstractmethod
@@ -113,11 +120,20 @@ class TritonServer(abc.ABC):
         return "this tritonserver"
 
     def _startup_notices(self) -> list[str]:
-        return [f"{self.binary_label()} lacks {flag}; started without it (SageMaker's image would pass it)"
-                for flag in dropped_flags(self._dropped)]
+        notices = [f"{self.binary_label()} lacks {flag}; started without it (SageMaker's image would pass it)"
+                   for flag in dropped_flags(self._dropped)]
+        if self.isolates_network() and self.network is None:
+            notices.append(host_network_warning(self.config.sagemaker_port))
+        return notices
 
     def _before_start(self) -> None:
         """Checks and preparation that can fail with a clear MmeError."""
+
+    def isolates_network(self) -> bool:
+        """True when this kind starts tritonserver on this host's network, so that start() must
+        put it in a private namespace (unless ``config.network`` is "host"). The docker kind
+        has its container's network and publishes ports on 127.0.0.1 only."""
+        return True
 
     def _before_terminate(self) -> None:
         """Called before the process group is signalled (the server may already be dead)."""
@@ -143,6 +159,9 @@ class TritonServer(abc.ABC):
     # -- URLs -------------------------------------------------------------------------
     @property
     def sagemaker_url(self) -> str:
+        """Base URL of the SageMaker port: ``http+netns://...`` when Triton runs in its own network namespace."""
+        if self.network is not None:
+            return self.network.url("sagemaker")
         return f"http://{self.config.host}:{self.config.sagemaker_port}"
 
     @property
@@ -153,6 +172,8 @@ class TritonServer(abc.ABC):
                 f"{self.name} runs without Triton's HTTP/KServe endpoint (http_port=None, as SageMaker's image); "
                 "use sagemaker_url, or create it with TritonServerConfig(http_port=0)"
             )
+        if self.network is not None:
+            return self.network.url("http")
         return f"http://{self.config.host}:{self.config.http_port}"
 
     @property
@@ -170,21 +191,31 @@ class TritonServer(abc.ABC):
         if self._proc is not None:  # it died on its own: clear what it left first
             self._shutdown()
         self._before_start()
-        if self._workdir is None:  # restart() keeps the ports clients already know
+        if self._workdir is None:  # restart() keeps the ports (and sockets) clients already know
             self.config = resolve_ports(self.requested_config)
-            self._workdir = Path(tempfile.mkdtemp(prefix="mme-triton-"))
+            workdir = Path(tempfile.mkdtemp(prefix="mme-triton-"))
+            try:
+                if self.isolates_network() and self.config.network == "private":
+                    self.network = PrivateNetwork(workdir, self.config.ports())
+            except BaseException:
+                shutil.rmtree(workdir, ignore_errors=True)
+                raise
+            self._workdir = workdir
         repository = self._workdir / "model-repository"
         repository.mkdir(exist_ok=True)
         log_path = self.log_path
         assert log_path is not None  # the work directory exists from here on
         log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = self.command(repository)
+        if self.network is not None:
+            argv = self.network.command(argv)
         self.swept = sweep_orphans()
         env = {**self._environment(), INSTANCE_ENV: self.instance_id, OWNER_ENV: owner_tag(psutil.Process())}
         if not self._notices_done:
             self.notices.extend(self._startup_notices())
             self._notices_done = True
         self._log_handle = open(log_path, "ab")
+        self._command_pid = None
         started = time.monotonic()
         try:
             self._proc = subprocess.Popen(
@@ -206,6 +237,17 @@ class TritonServer(abc.ABC):
             self.stop()
             raise
         self.startup_s = time.monotonic() - started
+        self._command_pid = self._launched_pid()
+
+    def _launched_pid(self) -> int | None:
+        """The process of :meth:`command`: the broker's one child when isolated, else the one started."""
+        if self._proc is None or self.network is None:
+            return None if self._proc is None else self._proc.pid
+        with contextlib.suppress(psutil.Error):
+            children = psutil.Process(self._proc.pid).children()
+            if children:
+                return children[0].pid
+        return None
 
     def _wait_until_healthy(self, started: float) -> None:
         """Return once ``GET /ping`` answers 200; TritonStartupError (the log's last lines in it)
@@ -221,8 +263,10 @@ class TritonServer(abc.ABC):
             return True if ping_status(self.sagemaker_url, timeout_s=1.0) == 200 else None
 
         def timed_out(waited: float) -> TritonStartupError:
+            where = (f"127.0.0.1:{self.config.sagemaker_port}/ping in its private network namespace"
+                     if self.network is not None else f"{self.sagemaker_url}/ping")
             return TritonStartupError(
-                f"tritonserver did not answer GET {self.sagemaker_url}/ping within "
+                f"tritonserver did not answer GET {where} within "
                 f"{self.config.startup_timeout_s:g} s (raise startup_timeout_s or check the log); "
                 f"last log lines: {log_tail(log_path)}"
             )
@@ -240,7 +284,9 @@ class TritonServer(abc.ABC):
 
     @property
     def pid(self) -> int | None:
-        return None if self._proc is None else self._proc.pid
+        """The process of :meth:`command` (tritonserver, or bash running SageMaker's serve script);
+        None before start() and after stop()."""
+        return None if self._proc is None else self._command_pid
 
     def pids(self) -> list[int]:
         """The server process and all its descendants (python-backend stubs), live ones only."""
@@ -253,7 +299,9 @@ class TritonServer(abc.ABC):
         for member in process_group_members(self._proc.pid, self.instance_id):
             procs.setdefault(member.pid, member)
         self._known_children.update(procs)
-        return sorted(pid for pid, proc in procs.items() if alive(proc))
+        # The broker (the group's leader when isolated) is not the server: its memory is not Triton's.
+        broker = self._proc.pid if self.network is not None else None
+        return sorted(pid for pid, proc in procs.items() if alive(proc) and pid != broker)
 
     def stop(self, *, grace_s: float | None = None) -> None:
         """Stop the server and every process it started; idempotent. ``grace_s`` overrides
@@ -262,6 +310,7 @@ class TritonServer(abc.ABC):
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
+            self.network = None
 
     def restart(self, *, grace_s: float | None = None) -> None:
         """Stop (whatever is left of) the server and start it again on the same ports.

@@ -6,6 +6,7 @@ Port 0 in a config means "pick a free port at start()": :func:`resolve_ports` do
 
 from __future__ import annotations
 
+import os
 import socket
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
@@ -18,6 +19,11 @@ DEFAULT_SAGEMAKER_PORT = 8080
 # url outside it (src/sagemaker_server.cc: model_path_regex_).
 SAGEMAKER_MODEL_ROOT = PurePosixPath("/opt/ml/models")
 SAGEMAKER_ROOT_REQUIRED_SINCE = (2, 70)
+# Where the local and system kinds run Triton (serving/triton/netns.py): "private", a network
+# namespace of its own reached through Unix sockets; "host", this host's network (its SageMaker
+# port on 0.0.0.0). MME_TRITON_NETWORK sets the default for every command.
+NETWORKS = ("private", "host")
+NETWORK_ENV = "MME_TRITON_NETWORK"
 
 
 class TritonServerError(MmeError):
@@ -30,6 +36,18 @@ class TritonStartupError(TritonServerError):
 
 class ModelRootError(TritonServerError):
     """The model cache is somewhere this server cannot load models from."""
+
+
+def default_network() -> str:
+    """``$MME_TRITON_NETWORK`` when set, else ``private``."""
+    return os.environ.get(NETWORK_ENV) or "private"
+
+
+def check_network(network: str) -> str:
+    if network not in NETWORKS:
+        raise TritonServerError(f"unknown Triton network {network!r} (from --triton-network or ${NETWORK_ENV}); "
+                                f"choose one of: {', '.join(NETWORKS)}")
+    return network
 
 
 def parse_version(text: str | None) -> tuple[int, ...] | None:
@@ -55,6 +73,7 @@ class TritonServerConfig:
     grpc_port: int | None = 0  # None: gRPC off (unless SAGEMAKER_TRITON_ALLOW_GRPC says otherwise)
     metrics_port: int | None = 0  # None: Prometheus metrics off (unless SAGEMAKER_TRITON_ALLOW_METRICS)
     host: str = "127.0.0.1"  # Triton 2.51's SageMaker service ignores it and binds 0.0.0.0
+    network: str = field(default_factory=default_network)  # one of NETWORKS
     log_dir: Path | None = None  # None: a temporary directory removed by stop()
     log_verbose: int | None = None  # None: serve's (SAGEMAKER_TRITON_LOG_VERBOSE, default true)
     env: Mapping[str, str] = field(default_factory=dict, hash=False)  # extra environment

@@ -110,6 +110,9 @@ class DockerTritonServer(TritonServer):
         self.docker = docker
         self.container_name = container_name or f"mme-triton-{uuid.uuid4().hex[:12]}"
 
+    def isolates_network(self) -> bool:
+        return False  # the container has its own network; its ports are published on config.host (127.0.0.1)
+
     def _before_start(self) -> None:
         problem = docker_engine_problem(self.docker)
         if problem:

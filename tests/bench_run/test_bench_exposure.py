@@ -8,10 +8,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from bench.config import TOKEN_ENV, is_loopback
@@ -20,26 +18,9 @@ from mme.cli import build_parser
 from mme.errors import UsageError
 from tests.bench_run.fake_endpoint import FakeEndpoint
 from tests.bench_run.helpers import ROOT, bench_command, bench_env, free_port, read_run
+from tests.listening import Watch
 
 REFUSED_LINE = "mme: error: the bench master refused this worker: wrong or missing --token"
-
-
-def _listening(process: psutil.Process) -> list[tuple[int, str, int]]:
-    """(pid, address, port) of every TCP socket ``process`` listens on and every unconnected UDP socket."""
-    found = []
-    try:
-        connections = process.net_connections(kind="inet")
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
-        return []
-    for c in connections:
-        if c.status == psutil.CONN_LISTEN or (c.type == 2 and not c.raddr):  # 2: SOCK_DGRAM
-            found.append((process.pid, c.laddr.ip, c.laddr.port))
-    return found
-
-
-def _tree_listening(pid: int) -> set[tuple[int, str, int]]:
-    root = psutil.Process(pid)
-    return {s for process in (root, *root.children(recursive=True)) for s in _listening(process)}
 
 
 def test_every_socket_of_a_workers_run_listens_on_loopback(tmp_path):
@@ -50,29 +31,18 @@ def test_every_socket_of_a_workers_run_listens_on_loopback(tmp_path):
                                                "--model", "m", "--shape", "constant", "--users", "2", "--duration", "4",
                                                "--workers", "2", "--out", str(tmp_path / "out")),
                                  cwd=ROOT, env=bench_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        sockets: set[tuple[int, str, int]] = set()
-        most_processes = 0
+        watch = Watch()
         try:
-            root = psutil.Process(bench.pid)
-            deadline = time.monotonic() + 120
-            while bench.poll() is None and time.monotonic() < deadline:
-                try:
-                    tree = [root, *root.children(recursive=True)]
-                except psutil.NoSuchProcess:
-                    break
-                most_processes = max(most_processes, len(tree))
-                for process in tree:
-                    sockets.update(_listening(process))
-                time.sleep(0.2)
+            watch.follow(bench.pid, until=lambda: bench.poll() is not None)
             out, err = bench.communicate(timeout=120)
         finally:
             if bench.poll() is None:
                 bench.kill()
     assert bench.returncode == 0, err
     assert read_run(Path(out.strip().splitlines()[-1])).requests
-    assert most_processes >= 4  # mme bench, the generator (master) and its two workers were all watched
-    assert sockets, "the master's listening socket was never seen"
-    assert all(ip == "127.0.0.1" for _, ip, _ in sockets), sockets
+    assert watch.most_processes >= 4  # mme bench, the generator (master) and its two workers were all watched
+    assert watch.listening, "the master's listening socket was never seen"
+    assert all(s.ip == "127.0.0.1" for s in watch.listening) and not watch.private, watch.listening
 
 
 def _drain(stream, lines: list[str], seen: threading.Event) -> None:
@@ -98,9 +68,10 @@ def test_only_a_worker_with_the_token_joins(tmp_path):
         reader.start()
         try:
             assert waiting.wait(60), "".join(err_lines)
-            sockets = _tree_listening(master.pid)  # expecting remote workers does not open the master
-            assert ("127.0.0.1", port) in {(ip, p) for _, ip, p in sockets}
-            assert all(ip == "127.0.0.1" for _, ip, _ in sockets), sockets
+            watch = Watch()
+            watch.look(master.pid)  # expecting remote workers does not open the master
+            assert ("127.0.0.1", port) in {(s.ip, s.port) for s in watch.listening}
+            assert all(s.ip == "127.0.0.1" for s in watch.listening), watch.listening
             line = next(x for x in err_lines if "waiting for" in x)
             assert f"mme bench-worker --master-host 127.0.0.1 --master-port {port} --token env-secret" in line
             assert "--master-bind-host" in line  # how to accept workers from other machines

@@ -1,11 +1,14 @@
-"""The local front's added cost over calling the container directly, side by side.
+"""The local front's added cost over calling the container directly, side by side, with Triton
+in its own network namespace (the default) and on the host's network.
 
-    python tests/benchmarks/bench_front.py [--requests 400] [--clients 1,16]
+    python tests/benchmarks/bench_front.py [--requests 400] [--clients 1,16] [--networks private,host]
 
 A trivial python-backend model (identity on 4 floats) is served by the real Triton; the same
-HTTP client (one keep-alive requests.Session per client thread) calls Triton's MME invoke
-route directly and then the front's /endpoints/{name}/invocations. Prints p50/p99 latency
-and requests/s for each, the p50 added by the front and the throughput ratio, and writes
+HTTP client (one keep-alive session per client thread) calls Triton's MME invoke route
+directly (through the Unix-socket relay when Triton is isolated) and then the front's
+/endpoints/{name}/invocations. For each ``--triton-network`` it prints p50/p99 latency and
+requests/s of both routes, the p50 added by the front and the throughput ratio; then what
+isolation costs at the front (p50 and requests/s, private against host). Writes
 results/bench_front.json.
 """
 
@@ -27,6 +30,7 @@ import requests
 from mme.fsutil import write_json_atomic
 from mme.process import child_env
 from serving.cache_entries import cache_key
+from serving.container import http_session
 from serving.triton.config import free_ports
 
 MODEL_PY = '''
@@ -84,7 +88,7 @@ def drive(url: str, headers: dict, body: bytes, clients: int, per_client: int) -
     failures = [0]
 
     def worker() -> None:
-        session = requests.Session()
+        session = http_session()
         mine = []
         for _ in range(per_client):
             start = time.perf_counter()
@@ -128,51 +132,83 @@ def tree_environment(tree: Path | None) -> dict:
     return {"env": child_env(root=tree), "cwd": str(tree)}
 
 
+def measure(models: Path, network: str, clients_list: list[int], requests_per: int, tree: Path | None) -> list[dict]:
+    """Rows for one ``mme serve --triton-network network``: direct and front figures per client count."""
+    body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}).encode()
+    headers = {"Content-Type": "application/json"}
+    rows = []
+    # `mme serve` in its own process, as users run it: the front shares no interpreter with the clients.
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "mme", "-q", "serve", "--models", str(models),
+                               "--port", str(port), "--server", "local", "--triton-network", network],
+                              **tree_environment(tree))
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for(f"{url}/ping", server)
+        front = f"{url}/endpoints/local/invocations"
+        # The front checks that a SigV4 signature is there (SageMaker answers 403 otherwise) but
+        # never verifies it: a fixed one keeps signing cost out of the comparison.
+        front_headers = dict(headers, **{"X-Amzn-SageMaker-Target-Model": "identity.tar.gz",
+                                         "Authorization": FIXED_SIGNATURE})
+        drive(front, front_headers, body, 1, 20)  # loads the model, warms both paths
+        # Triton's own MME invoke, as SageMaker's front end calls it: the hash, the target in a header.
+        container = requests.get(f"{url}/metrics.json", timeout=10).json()["container"]["url"]
+        direct = f"{container}/models/{cache_key('identity.tar.gz')}/invoke"
+        headers = dict(headers, **{"X-Amzn-SageMaker-Target-Model": "identity.tar.gz"})
+        drive(direct, headers, body, 1, 20)
+        for clients in clients_list:
+            per_client = max(1, requests_per // clients)
+            d = drive(direct, headers, body, clients, per_client)
+            f = drive(front, front_headers, body, clients, per_client)
+            rows.append({"network": network, "clients": clients, "direct": d, "front": f,
+                         "added_p50_ms": round(f["p50_ms"] - d["p50_ms"], 3),
+                         "throughput_ratio": round(f["rps"] / d["rps"], 3)})
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    return rows
+
+
+def isolation_cost(rows: list[dict]) -> list[dict]:
+    """Per client count: the front's p50 and requests/s with Triton isolated against on the host's network."""
+    by = {(r["network"], r["clients"]): r for r in rows}
+    cost = []
+    for (network, clients), private in sorted(by.items()):
+        host = by.get(("host", clients))
+        if network != "private" or host is None:
+            continue
+        cost.append({"clients": clients, "front_p50_ms": {"private": private["front"]["p50_ms"],
+                                                          "host": host["front"]["p50_ms"]},
+                     "added_p50_ms": round(private["front"]["p50_ms"] - host["front"]["p50_ms"], 3),
+                     "rps_ratio": round(private["front"]["rps"] / host["front"]["rps"], 3)})
+    return cost
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=400, help="requests per client count and route")
     parser.add_argument("--clients", default="1,16")
+    parser.add_argument("--networks", default="private,host", help="--triton-network values to run, in order")
     parser.add_argument("--out", type=Path, default=Path("results"))
     parser.add_argument("--tree", type=Path, help="run the mme of this checkout (e.g. a worktree of an older commit)")
     args = parser.parse_args(argv)
-    body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}).encode()
-    headers = {"Content-Type": "application/json"}
-    rows = []
+    clients_list = [int(c) for c in args.clients.split(",")]
+    rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         models = trivial_model(Path(tmp))
-        # `mme serve` in its own process, as users run it: the front shares no interpreter with the clients.
-        port = free_port()
-        server = subprocess.Popen([sys.executable, "-m", "mme", "-q", "serve", "--models", str(models),
-                                   "--port", str(port), "--server", "local"], **tree_environment(args.tree))
-        try:
-            url = f"http://127.0.0.1:{port}"
-            wait_for(f"{url}/ping", server)
-            front = f"{url}/endpoints/local/invocations"
-            # The front checks that a SigV4 signature is there (SageMaker answers 403 otherwise) but
-            # never verifies it: a fixed one keeps signing cost out of the comparison.
-            front_headers = dict(headers, **{"X-Amzn-SageMaker-Target-Model": "identity.tar.gz",
-                                             "Authorization": FIXED_SIGNATURE})
-            drive(front, front_headers, body, 1, 20)  # loads the model, warms both paths
-            # Triton's own MME invoke, as SageMaker's front end calls it: the hash, the target in a header.
-            container = requests.get(f"{url}/metrics.json", timeout=10).json()["container"]["url"]
-            direct = f"{container}/models/{cache_key('identity.tar.gz')}/invoke"
-            headers = dict(headers, **{"X-Amzn-SageMaker-Target-Model": "identity.tar.gz"})
-            drive(direct, headers, body, 1, 20)
-            for clients in (int(c) for c in args.clients.split(",")):
-                per_client = max(1, args.requests // clients)
-                d = drive(direct, headers, body, clients, per_client)
-                f = drive(front, front_headers, body, clients, per_client)
-                rows.append({"clients": clients, "direct": d, "front": f,
-                             "added_p50_ms": round(f["p50_ms"] - d["p50_ms"], 3),
-                             "throughput_ratio": round(f["rps"] / d["rps"], 3)})
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
-    print(f"{'clients':>7} {'direct p50':>11} {'front p50':>10} {'added p50':>10} {'direct rps':>11} {'front rps':>10} {'ratio':>6}")
+        for network in args.networks.split(","):
+            rows += measure(models, network, clients_list, args.requests, args.tree)
+    print(f"{'network':>8} {'clients':>7} {'direct p50':>11} {'front p50':>10} {'added p50':>10} {'direct rps':>11} "
+          f"{'front rps':>10} {'ratio':>6}")
     for r in rows:
-        print(f"{r['clients']:>7} {r['direct']['p50_ms']:>9.2f}ms {r['front']['p50_ms']:>8.2f}ms {r['added_p50_ms']:>8.2f}ms "
-              f"{r['direct']['rps']:>11.1f} {r['front']['rps']:>10.1f} {r['throughput_ratio']:>6.2f}")
-    save_result(args.out, "bench_front.json", {"schema_version": 1, "rows": rows})
+        print(f"{r['network']:>8} {r['clients']:>7} {r['direct']['p50_ms']:>9.2f}ms {r['front']['p50_ms']:>8.2f}ms "
+              f"{r['added_p50_ms']:>8.2f}ms {r['direct']['rps']:>11.1f} {r['front']['rps']:>10.1f} "
+              f"{r['throughput_ratio']:>6.2f}")
+    cost = isolation_cost(rows)
+    for c in cost:
+        print(f"isolation at {c['clients']} client(s): front p50 {c['front_p50_ms']['private']:.2f} ms private vs "
+              f"{c['front_p50_ms']['host']:.2f} ms host ({c['added_p50_ms']:+.2f} ms); throughput ratio {c['rps_ratio']:.2f}")
+    save_result(args.out, "bench_front.json", {"schema_version": 2, "rows": rows, "isolation_cost": cost})
     return 0
 
 

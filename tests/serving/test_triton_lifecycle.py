@@ -74,7 +74,7 @@ def test_a_server_that_never_answers_ping_times_out_with_its_log_tail() -> None:
         server.start()
     assert time.monotonic() - started < 8
     message = str(info.value)
-    assert "did not answer GET http://127.0.0.1:" in message and "/ping within 0.8 s" in message
+    assert "did not answer GET 127.0.0.1:" in message and "/ping in its private network namespace within 0.8 s" in message
     assert "stand-in never answers" in message and "\n" not in message
     assert not server.is_running() and _ours(server) == []
 

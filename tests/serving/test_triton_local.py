@@ -18,6 +18,7 @@ from serving.container import (
     ModelAlreadyLoaded,
     ModelLoadFailed,
     ModelNotLoaded,
+    ping_status,
 )
 from serving.memory import process_tree_memory
 from serving.triton.config import TritonServerConfig, TritonStartupError
@@ -29,9 +30,8 @@ MIB = 1 << 20
 
 
 def new_server(**overrides) -> LocalTritonServer:
-    return LocalTritonServer(
-        TritonServerConfig(sagemaker_port=0, startup_timeout_s=STARTUP_TIMEOUT_S, stop_grace_s=10.0, **overrides)
-    )
+    fields = {"sagemaker_port": 0, "startup_timeout_s": STARTUP_TIMEOUT_S, "stop_grace_s": 10.0, **overrides}
+    return LocalTritonServer(TritonServerConfig(**fields))
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +168,22 @@ def test_stop_leaves_no_process_behind(packaged_test_resnet, tmp_path):
     assert not list(Path("/dev/shm").glob(f"{srv.shm_prefix}*"))
 
 
+def _still_running(pids: list[int], within_s: float = 10.0) -> list[int]:
+    """Those of ``pids`` still running (not exited, not a zombie waiting for init) after up to ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while True:
+        running = []
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    running.append(pid)
+            except psutil.NoSuchProcess:
+                continue
+        if not running or time.monotonic() > deadline:
+            return running
+        time.sleep(0.1)
+
+
 def test_killed_server_is_detected_and_restart_serves_again(packaged_test_resnet, tmp_path):
     srv = new_server()
     srv.start()
@@ -188,7 +204,7 @@ def test_killed_server_is_detected_and_restart_serves_again(packaged_test_resnet
         srv.restart()
 
         assert srv.is_running() and srv.sagemaker_url == url
-        assert not [pid for pid in pids if psutil.pid_exists(pid)]  # the orphaned stub too
+        assert not _still_running(pids)  # the orphaned stub too
         with ContainerClient(url) as c:
             assert c.ping()
             assert c.list_models() == []  # a replaced container starts empty
@@ -203,10 +219,22 @@ def test_startup_failure_reports_the_log_tail():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        srv = new_server(http_port=taken.getsockname()[1])
+        srv = new_server(http_port=taken.getsockname()[1], network="host")  # a port of this host's network
         with pytest.raises(TritonStartupError) as info:
             srv.start()
     message = str(info.value)
     assert "exited with code 1" in message and "already in use" in message
     assert "\n" not in message
     assert srv.pids() == [] and not srv.is_running()
+
+
+def test_in_its_own_network_a_port_taken_on_the_host_is_free():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        srv = new_server(sagemaker_port=taken.getsockname()[1], http_port=None, grpc_port=None, metrics_port=None)
+        try:
+            srv.start()
+            assert ping_status(srv.sagemaker_url) == 200 and srv.sagemaker_url.startswith("http+netns://")
+        finally:
+            srv.stop()
