@@ -37,6 +37,7 @@ This module computes the statistics; the rest lives beside it, each name importe
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
@@ -51,6 +52,7 @@ from bench.summary_records import (
     Overall,
     RunSummary,
     StageSummary,
+    top_errors,
 )
 from mme.stats import percentile
 
@@ -89,7 +91,7 @@ def _stage_summary(record: StageRecord | None, stage: int, reqs: StageRequests |
         latency_max_ms=float(lat.max()) if lat.size else None,
         latency_p50_ms=pct[50], latency_p90_ms=pct[90], latency_p95_ms=pct[95], latency_p99_ms=pct[99],
         generator_cpu_max=cpu_max, generator_cpu_mean=cpu_mean, saturated=saturated, partial=partial,
-        derived=record is None, errors=errors, **asdict(endpoint),
+        derived=record is None, errors=errors, cut_off=reqs.cut_off if reqs else 0, **asdict(endpoint),
     )
 
 
@@ -103,8 +105,16 @@ def _max_users_without_failure(stages: tuple[StageSummary, ...]) -> int | None:
     return best
 
 
+def _top_errors(by_stage: dict[int, StageRequests]) -> tuple[dict, ...]:
+    reasons: Counter = Counter()
+    for reqs in by_stage.values():
+        reasons.update(reqs.reasons)
+    return top_errors(reasons)
+
+
 def _overall(run: RunInfo, stages: tuple[StageSummary, ...], first: FirstFailure | None,
-             min_latency: float | None, endpoint: dict[int, EndpointStage]) -> Overall:
+             min_latency: float | None, endpoint: dict[int, EndpointStage],
+             by_stage: dict[int, StageRequests]) -> Overall:
     error_free = [s for s in stages if s.error_free and s.requests_per_s is not None]
     top = max(error_free, key=lambda s: s.requests_per_s or 0.0, default=None)  # none is None (filtered)
     with_p50 = [s for s in stages if s.latency_p50_ms is not None]
@@ -130,7 +140,8 @@ def _overall(run: RunInfo, stages: tuple[StageSummary, ...], first: FirstFailure
         min_latency_ms=min_latency, models_loaded=models_loaded, models_loaded_source=source,
         endpoint=run.endpoint, instance_type=run.instance_type, model=run.model, format=run.format,
         stopped_reason=run.stopped_reason, saturated_stages=tuple(s.stage for s in stages if s.saturated),
-        partial=run.stopped_reason != COMPLETED,
+        partial=run.stopped_reason != COMPLETED, cut_off=sum(s.cut_off for s in stages),
+        failure_rate=failures / requests if requests else None, top_errors=_top_errors(by_stage),
     )
 
 
@@ -167,6 +178,9 @@ def analyse(run_dir: Path | str) -> RunSummary:
     if not any(s.requests for s in stages):
         warnings.append("no requests recorded")
     successful = [s.latency_min_ms for s in stages if s.latency_min_ms is not None]
-    overall = _overall(run, stages, first, min(successful, default=None), endpoint)
+    overall = _overall(run, stages, first, min(successful, default=None), endpoint, by_stage)
+    if overall.cut_off:
+        warnings.append(f"{overall.cut_off} request(s) were still in flight when the drain ended the run: recorded "
+                        "as cut off (cut_off in requests.csv), counted in no latency or failure figure")
     return RunSummary(run_dir=run_dir, run=run, stages=stages, overall=overall,
                       has_endpoint_metrics=bool(endpoint), warnings=tuple(warnings))

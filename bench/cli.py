@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from bench.request import DEFAULTS, BenchRequest, run_child, start_bench, worker_token_env
-from mme.argtypes import positive_float, positive_int
+from mme.argtypes import non_negative_float, positive_float, positive_int, share
 from mme.errors import MmeError
 from mme.progress import Reporter
 
@@ -103,6 +103,12 @@ def register_bench(subparsers) -> None:
     stop = p.add_argument_group("stop conditions and output")
     stop.add_argument("--stop-on-failure", action="store_true", help="stop at the first failed request")
     stop.add_argument("--max-p95-ms", type=positive_float, metavar="X", help="stop when a stage's p95 latency exceeds X ms")
+    stop.add_argument("--drain", type=non_negative_float, metavar="S",
+                      help="when the run ends (shape done, a stop condition, Ctrl-C), no new request starts and those "
+                           "in flight get S seconds to answer; any still in flight then are recorded as cut off "
+                           "(default: --timeout). A second Ctrl-C cuts the drain short")
+    stop.add_argument("--max-failure-rate", type=share, default=DEFAULTS.max_failure_rate, metavar="F",
+                      help="exit with code 1 when more than this share of requests failed (default: %(default)s)")
     stop.add_argument("--out", default=DEFAULTS.out, help="results root; the run goes to OUT/<run-id>/ (default: %(default)s)")
     stop.add_argument("--run-id", help="name of the run directory (default: <UTC time>-<model or endpoint>)")
     stop.add_argument("--progress-interval", type=positive_float, default=DEFAULTS.progress_interval, metavar="S",
@@ -129,10 +135,14 @@ def register_worker(subparsers) -> None:
 
 # -- mme bench ------------------------------------------------------------------------------
 def run_bench(args: argparse.Namespace) -> int:
+    from bench.config import TOO_MANY_FAILURES
+
     result = start_bench(BenchRequest.from_args(args), Reporter(quiet=args.quiet))
-    if result.code == 0:
+    if result.code in (0, TOO_MANY_FAILURES):
         print(result.run_dir)
-        return 0 if result.stopped_by is None else 128 + result.stopped_by  # 130 for Ctrl-C, 143 for SIGTERM
+        if result.stopped_by is not None:
+            return 128 + result.stopped_by  # 130 for Ctrl-C, 143 for SIGTERM
+        return 1 if result.code else 0  # the generator said which failures, and how many
     if result.partial:
         print(f"partial results in {result.run_dir}", file=sys.stderr)
     if result.code in (2, 3):

@@ -35,6 +35,7 @@ class InvokeResult:
     error: str  # "" on success; the SageMaker error code, the status, or the exception's name
     latency_ms: float  # signing + round trip + reading the body
     response_bytes: int
+    message: str = ""  # on failure: the server's message, or the exception's text
 
     @property
     def ok(self) -> bool:
@@ -128,6 +129,27 @@ def _cached_host(url: str) -> str:
     return _host_from_url(url)
 
 
+MESSAGE_CHARS = 300  # of a failure's message, kept per request
+
+
+def error_message(body: bytes) -> str:
+    """The message of a SageMaker error body (``message``/``Message``), else its first line."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        for key in ("message", "Message", "error", "errorMessage"):
+            if isinstance(data.get(key), str) and data[key]:
+                return " ".join(data[key].split())[:MESSAGE_CHARS]
+    text = body.decode("utf-8", "replace").strip()
+    return " ".join(text.splitlines()[:1])[:MESSAGE_CHARS] if text else ""
+
+
+def exception_message(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:MESSAGE_CHARS] or type(exc).__name__
+
+
 def error_code(status: int, headers_get, body: bytes) -> str:
     """The error code as botocore reads it: ``x-amzn-ErrorType`` up to its first ``:``, else
     the JSON body's ``__type``/``code``, else the status."""
@@ -179,7 +201,7 @@ class FastInvoker:
         headers = dict(self._signed)
         if target:
             headers[TARGET_HEADER] = target
-        status, error, size = 0, "", 0
+        status, error, size, message = 0, "", 0, ""
         try:
             self._signer.sign("POST", self._url, headers, self._body)
             head = self._head + "".join(f"{key}: {value}\r\n" for key, value in headers.items()) + "\r\n"
@@ -196,10 +218,10 @@ class FastInvoker:
                 response.release()
             status, size = response.status_code, len(data)
             if status != 200:
-                error = error_code(status, response.get, data)
+                error, message = error_code(status, response.get, data), error_message(data)
         except Exception as exc:  # every transport failure is a failed request, named by its type
-            error = type(exc).__name__
-        return InvokeResult(status, error, (time.perf_counter() - start) * 1000.0, size)
+            error, message = type(exc).__name__, exception_message(exc)
+        return InvokeResult(status, error, (time.perf_counter() - start) * 1000.0, size, message)
 
     def close(self) -> None:
         self._pool.close()
@@ -233,7 +255,7 @@ class Boto3Invoker:
         kwargs = dict(self._kwargs, EndpointName=self._name)
         if target:
             kwargs["TargetModel"] = target
-        status, error, size = 0, "", 0
+        status, error, size, message = 0, "", 0, ""
         try:
             reply = self._client.invoke_endpoint(**kwargs)
             size = len(reply["Body"].read())
@@ -241,9 +263,10 @@ class Boto3Invoker:
         except ClientError as exc:
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
             error = exc.response.get("Error", {}).get("Code") or str(status)
+            message = " ".join(str(exc.response.get("Error", {}).get("Message") or "").split())[:MESSAGE_CHARS]
         except Exception as exc:  # connection errors, timeouts: failed requests, named by type
-            error = type(exc).__name__
-        return InvokeResult(status, error, (time.perf_counter() - start) * 1000.0, size)
+            error, message = type(exc).__name__, exception_message(exc)
+        return InvokeResult(status, error, (time.perf_counter() - start) * 1000.0, size, message)
 
     def close(self) -> None:
         self._client.close()

@@ -15,6 +15,7 @@ import os
 import socket
 import time
 from bisect import bisect_right
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -26,7 +27,7 @@ from mme.stats import percentile
 CPU_SAMPLE_S = 0.5
 SATURATION_PERCENT = 90.0
 
-# (sent_at wall time, target, status, error, users on this generator when sent, latency_ms)
+# (sent_at wall time, target, status, error, users on this generator when sent, latency_ms, message, cut_off)
 RawRecord = tuple
 
 
@@ -59,10 +60,10 @@ class Recorder:
         bench = (context or {}).get("bench")
         if bench is None:
             return
-        sent_at, target, status, error, users = bench
-        raw = (sent_at, target, status, error, users, response_time)
+        sent_at, target, status, error, users, message, cut_off = bench
+        raw = (sent_at, target, status, error, users, response_time, message, cut_off)
         self.records.append(raw)
-        if error and self._on_failure is not None:
+        if error and not cut_off and self._on_failure is not None:
             self._on_failure(raw)
 
     def sample_cpu(self) -> CpuSample:
@@ -85,10 +86,12 @@ class Recorder:
 
 @dataclass
 class StageStats:
-    requests: int = 0
+    requests: int = 0  # answered or failed, cut-offs not included
     failures: int = 0
+    cut_off: int = 0  # still in flight when the drain ended
     latencies_ok: list[float] = field(default_factory=list)
     peak_users: int = 0
+    errors: Counter = field(default_factory=Counter)  # (error, message, target) -> failures
 
     def p(self, q: float) -> float | None:
         return percentile(self.latencies_ok, q)
@@ -153,21 +156,28 @@ class Collector:
     # -- samples ---------------------------------------------------------------------------
     def add(self, worker: str, raws: list[RawRecord]) -> None:
         self.workers.add(worker)
-        for sent_at, target, status, error, users, latency_ms in raws:
+        for sent_at, target, status, error, users, latency_ms, message, cut_off in raws:
             t = sent_at - self.t0_wall
             if not self.exact_users:  # the master's count lags spawning a little; a worker's own is a floor
                 users = max(users, self._users_at(t))
             record = RequestRecord(t=t, stage=self._stage_at(t), users=users, target=target, latency_ms=latency_ms,
-                                   ok=0 if error else 1, status=status, error=error, worker=worker)
+                                   ok=0 if error else 1, status=status, error=error, worker=worker, message=message,
+                                   cut_off=cut_off)
             self._pending.append(record)
             self.window.append(record)
             for stats in (self.stats.setdefault(record.stage, StageStats()), self.total):
-                stats.requests += 1
                 stats.peak_users = max(stats.peak_users, users)
+                if cut_off:
+                    stats.cut_off += 1
+                    continue
+                stats.requests += 1
                 if error:
                     stats.failures += 1
+                    stats.errors[(error, message, target)] += 1
                 else:
                     stats.latencies_ok.append(latency_ms)
+            if cut_off:
+                continue
             if error and self.first_failure is None:
                 self.first_failure = record
                 if self.on_failure is not None:

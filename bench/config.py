@@ -32,6 +32,11 @@ def is_loopback(host: str) -> bool:
         return False  # a host name: it may resolve to any address
 
 
+# Exit code of the load generator when the run went to its end and was saved, but more than
+# --max-failure-rate of its requests failed (mme bench then prints the run directory and exits 1).
+TOO_MANY_FAILURES = 4
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     run_id: str
@@ -69,7 +74,9 @@ class BenchConfig:
     quiet: bool
     credentials_note: str
     seed: int | None = None
-    metrics_interval_s: float = 10.0  # endpoint-metrics snapshots within a stage, where the endpoint has them
+    metrics_interval_s: float = 10.0
+    drain_s: float = 60.0  # when the run ends, requests in flight get this long to answer (then: cut off)
+    max_failure_rate: float = 0.01  # the run fails (exit code 1) above this share of failed requests  # endpoint-metrics snapshots within a stage, where the endpoint has them
 
     @property
     def address(self) -> EndpointAddress:

@@ -77,6 +77,14 @@ def attach_worker(environment, runner, on_configured: Callable[[], None] | None 
     environment.events.request.add_listener(recorder.on_request)
     STATE.watch(environment)
 
+    def drained(**_kw) -> None:
+        # The drain is over once the users have stopped (test_stop fires then). Locust's worker
+        # then sleeps stop_timeout before it reads the next message (its 'quit' included); the
+        # next spawn message sets the drain again.
+        environment.stop_timeout = 0.0
+
+    environment.events.test_stop.add_listener(drained)
+
     def on_config(environment, msg, **_kw) -> None:
         if STATE.ready.is_set():
             return  # a worker re-announces itself after each stop; keep the first configuration

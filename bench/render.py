@@ -10,11 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from bench.summary_records import LATENCY_OF, PERCENTILE_METHOD, RunSummary, StageSummary
+from bench.summary_records import LATENCY_OF, NONE, PERCENTILE_METHOD, RunSummary, StageSummary, top_errors_text
 from bench.charts import distinct_labels
 from bench.sizing import Sizing
 
-NONE = "–"
 SATURATED_FLAG = "⚠ generator saturated: unreliable"
 
 
@@ -76,6 +75,7 @@ _STAGE_COLUMNS: tuple[tuple[str, Callable[[StageSummary], str]], ...] = (
     ("requests", lambda s: fmt(s.requests)),
     ("ok", lambda s: fmt(s.successes)),
     ("failed", lambda s: fmt(s.failures)),
+    ("cut off", lambda s: fmt(s.cut_off)),
     ("req/s", lambda s: fmt(s.requests_per_s, 2)),
     ("avg ms", lambda s: fmt(s.latency_avg_ms)),
     ("min ms", lambda s: fmt(s.latency_min_ms)),
@@ -113,7 +113,9 @@ def overall_rows(summary: RunSummary) -> list[tuple[str, str]]:
     first = NONE if o.first_failure_users is None else (
         f"{o.first_failure_users} users at t={o.first_failure_t:.1f} s ({o.first_failure_error})")
     return [
-        ("requests (ok / failed)", f"{o.requests} ({o.successes} / {o.failures})"),
+        ("requests (ok / failed)", f"{o.requests} ({o.successes} / {o.failures})"
+         + (f"; {o.cut_off} more cut off by the end of the drain" if o.cut_off else "")),
+        ("most common failures", top_errors_text(o.top_errors)),
         ("max users before the first failure", max_users_text(summary)),
         ("users at the first failed request", first),
         ("max error-free throughput", NONE if o.max_error_free_rps is None else

@@ -32,7 +32,7 @@ from mme.progress import Reporter
 if TYPE_CHECKING:
     from bench.config import BenchConfig
 
-CHILD_GRACE_S = 60.0  # after Ctrl-C, how long the generator may take to save its results
+CHILD_GRACE_S = 60.0  # after Ctrl-C and the drain, how long the generator may take to save its results
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,8 @@ class BenchRequest:
     seed: int | None = None
     stop_on_failure: bool = False
     max_p95_ms: float | None = None
+    drain: float | None = None  # seconds requests in flight get when the run ends; default: timeout
+    max_failure_rate: float = 0.01  # exit non-zero above this share of failed requests
     out: str = "results"
     run_id: str | None = None
     progress_interval: float = 5.0
@@ -167,6 +169,7 @@ def build_config(request: BenchRequest, run_id: str, run_dir: Path) -> "BenchCon
         max_inflight=r.max_inflight, content_type=payload.content_type, accept=r.accept or None,
         payload_b64=base64.b64encode(payload.body).decode(), payload_source=payload.source,
         stop_on_failure=r.stop_on_failure, max_p95_ms=r.max_p95_ms, timeout_s=r.timeout,
+        drain_s=r.timeout if r.drain is None else r.drain, max_failure_rate=r.max_failure_rate,
         progress_interval_s=r.progress_interval, metrics_interval_s=r.metrics_interval, quiet=r.quiet,
         credentials_note=credentials_note, seed=r.seed,
     )
@@ -212,23 +215,27 @@ def _raise_terminated(signum, frame) -> None:
     raise _Terminated
 
 
-def run_child(command: list[str], reporter: Reporter,
-              extra_env: Mapping[str, str] | None = None) -> tuple[int, int | None]:
+def run_child(command: list[str], reporter: Reporter, extra_env: Mapping[str, str] | None = None,
+              grace_s: float = CHILD_GRACE_S) -> tuple[int, int | None]:
     """Run a generator process (``extra_env`` added to its environment); Ctrl-C and SIGTERM
-    are passed on (the generator stops its users and saves what was measured). Returns its
+    are passed on: the first makes the generator drain and save what was measured, the second
+    cuts its drain short, a third (or ``grace_s`` without an end) kills it. The child has a
+    process group of its own, so a terminal's Ctrl-C reaches it once, through here. Returns its
     exit code and the signal that stopped the run, if any."""
-    child = subprocess.Popen(command, env=child_env(extra=extra_env))
+    child = subprocess.Popen(command, env=child_env(extra=extra_env), process_group=0)
     stopped_by: int | None = None
+    signals = 0
     main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
     try:
         while True:
             try:
-                return child.wait(timeout=CHILD_GRACE_S if stopped_by else None), stopped_by
+                return child.wait(timeout=grace_s if stopped_by else None), stopped_by
             except (KeyboardInterrupt, _Terminated) as exc:
                 sig = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM
-                if stopped_by is None:
-                    stopped_by = sig
+                signals += 1
+                stopped_by = stopped_by or sig
+                if signals <= 2:
                     if child.poll() is None:
                         child.send_signal(sig)
                     continue
@@ -254,5 +261,5 @@ def start_bench(request: BenchRequest, reporter: Reporter) -> BenchResult:
         config_path = Path(tmp) / "config.json"
         config.write(config_path)
         code, stopped_by = run_child([sys.executable, "-m", "bench.run", "--config", str(config_path)], reporter,
-                                     worker_token_env(request.worker_token))
+                                     worker_token_env(request.worker_token), grace_s=config.drain_s + CHILD_GRACE_S)
     return BenchResult(run_dir, code, stopped_by)

@@ -81,6 +81,8 @@ class RequestRecord:
     status: int  # HTTP status; 0 when no response (connection error, timeout)
     error: str  # "" when ok; the error code (ValidationError, ModelError...) or exception name
     worker: str  # generator process id (host:pid)
+    message: str = ""  # on failure: the server's message or the exception's text
+    cut_off: int = 0  # 1: still in flight when the drain timeout ended the run (no answer, not a failure)
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,7 @@ class StageRecord:
 
 
 REQUEST_FIELDS = tuple(f.name for f in fields(RequestRecord))
+REQUIRED_REQUEST_FIELDS = REQUEST_FIELDS[:9]  # runs saved before message and cut_off still read
 STAGE_FIELDS = tuple(f.name for f in fields(StageRecord))
 
 
@@ -109,7 +112,8 @@ class RequestWriter:
 
     def write(self, records: Iterable[RequestRecord]) -> None:
         self._writer.writerows(
-            (round(r.t, 6), r.stage, r.users, r.target, round(r.latency_ms, 4), r.ok, r.status, r.error, r.worker)
+            (round(r.t, 6), r.stage, r.users, r.target, round(r.latency_ms, 4), r.ok, r.status, r.error, r.worker,
+             r.message, r.cut_off)
             for r in records
         )
         self._file.flush()
@@ -131,7 +135,8 @@ def read_requests(run_dir: Path) -> Iterator[RequestRecord]:
             yield RequestRecord(
                 t=float(row["t"]), stage=int(row["stage"]), users=int(row["users"]), target=row["target"],
                 latency_ms=float(row["latency_ms"]), ok=int(row["ok"]), status=int(row["status"]),
-                error=row["error"], worker=row["worker"],
+                error=row["error"], worker=row["worker"], message=row.get("message") or "",
+                cut_off=int(row.get("cut_off") or 0),
             )
 
 

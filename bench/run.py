@@ -35,13 +35,13 @@ from locust.stats import PERCENTILES_TO_REPORT, StatsCSV, StatsCSVFileWriter  # 
 
 from bench import results  # noqa: E402
 from bench.collect import SATURATION_PERCENT, Collector  # noqa: E402
-from bench.config import BenchConfig  # noqa: E402
+from bench.config import TOO_MANY_FAILURES, BenchConfig  # noqa: E402
 from bench.distributed import setup_logging  # noqa: E402
 from bench.endpoint_snapshots import METRICS_TIMEOUT_S, EndpointSnapshots  # noqa: E402, F401
-from bench.runners import FINALS_TIMEOUT_S, STOP_GRACE_S, LoadRunners  # noqa: E402, F401
+from bench.runners import FINALS_TIMEOUT_S, LoadRunners  # noqa: E402, F401
 from bench.shapes import shape_for  # noqa: E402
-from bench.stage_report import StageReporter  # noqa: E402
-from bench.users import BenchUser  # noqa: E402
+from bench.stage_report import StageReporter, top_errors_line  # noqa: E402
+from bench.users import STATE, BenchUser  # noqa: E402
 from mme.errors import MmeError  # noqa: E402
 from mme.progress import Reporter  # noqa: E402
 
@@ -65,22 +65,29 @@ class BenchRun:
         self._wake = Event()
         self.collector: Collector | None = None
         self.started_at = _utc_now()
+        # The drain: when the run stops, users finish the request in flight, up to drain_s (0: at once).
         self.environment = Environment(user_classes=[BenchUser], host=config.endpoint_url,
-                                       stop_timeout=min(STOP_GRACE_S, config.timeout_s))
+                                       stop_timeout=config.drain_s)
         self.runners = LoadRunners(self.environment, config, self.reporter, self.extra,
                                    self._on_failure, self._on_worker_error)
         self.snapshots = EndpointSnapshots(config, self.run_dir, self.extra)
         self.stage_reports = StageReporter(config, self.plan, self.reporter, self.extra, self.request_stop,
-                                           self._drain_local)
+                                           self._drain_local, None if config.distributed else self._in_flight)
         self._stop_t = 0.0  # run time when the driver stopped
+        self._cut_short = False  # a second interrupt ended the drain
         self._csv: tuple[StatsCSVFileWriter, gevent.Greenlet] | None = None
 
     # -- control ---------------------------------------------------------------------------
     def request_stop(self, reason: str) -> None:
         if self.stop_reason is None:
             self.stop_reason = reason
-            if reason == "interrupted":
-                self.reporter.info("==> interrupted: stopping the users and saving what was measured")
+            if reason in ("interrupted", "terminated"):
+                self.reporter.info(f"==> {reason}: no new requests; waiting up to {self.config.drain_s:g} s for those "
+                                   "in flight (again to cut the wait short), then saving what was measured")
+        elif reason in ("interrupted", "terminated") and not self._cut_short:
+            self._cut_short = True
+            self.reporter.info("==> stopping at once: requests still in flight are recorded as cut off")
+            self.runners.cut_short()
         self._wake.set()
 
     def _on_failure(self, _source: object = None) -> None:
@@ -93,6 +100,11 @@ class BenchRun:
         self.request_stop("worker-error")
 
     # -- stages ----------------------------------------------------------------------------
+    def _in_flight(self, start_t: float, end_t: float) -> int:
+        """This process's requests sent between run times ``start_t`` and ``end_t``, not answered yet."""
+        t0 = self.collector.t0_wall if self.collector is not None else 0.0
+        return STATE.in_flight_between(t0 + start_t, t0 + end_t)
+
     def _drain_local(self) -> None:
         self.runners.drain_into(self.collector)
 
@@ -135,7 +147,9 @@ class BenchRun:
                                   **self.runners.open_loop_counts()}
         if self.collector is not None:
             total = self.collector.total
-            extra.update(requests=total.requests, failures=total.failures, generators=sorted(self.collector.workers))
+            extra.update(requests=total.requests, failures=total.failures, cut_off=total.cut_off,
+                         drain_s=config.drain_s, max_failure_rate=config.max_failure_rate,
+                         generators=sorted(self.collector.workers))
             if self.collector.first_failure is not None:
                 f = self.collector.first_failure
                 extra["first_failure"] = {"t": round(f.t, 3), "stage": f.stage, "users": f.users, "target": f.target,
@@ -151,7 +165,20 @@ class BenchRun:
             self._drive(runner)
         finally:
             self._finish()
-        return 0
+        return self._verdict()
+
+    def _verdict(self) -> int:
+        """0, or TOO_MANY_FAILURES (with the reason on stderr) when the failed share is above the limit."""
+        if self.collector is None:
+            return 0
+        total = self.collector.total
+        if not total.requests or total.failures / total.requests <= self.config.max_failure_rate:
+            return 0
+        share = total.failures / total.requests
+        print(f"mme: error: {total.failures} of {total.requests} requests failed ({share:.1%}, above "
+              f"--max-failure-rate {self.config.max_failure_rate:.1%}); most common: "
+              f"{top_errors_line(total.errors, 1)}", file=sys.stderr)
+        return TOO_MANY_FAILURES
 
     def _drive(self, runner) -> None:
         """Run the plan, from the shape's first tick until it ends or a stop is requested."""

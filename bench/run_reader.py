@@ -8,13 +8,13 @@ from __future__ import annotations
 import csv
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from bench.results import (
-    REQUEST_FIELDS,
+    REQUIRED_REQUEST_FIELDS,
     REQUESTS_FILE,
     RUN_FILE,
     STAGE_FIELDS,
@@ -30,12 +30,14 @@ from mme.errors import MmeError
 @dataclass(frozen=True)
 class StageRequests:
     latencies: np.ndarray  # successful requests' latencies, ms
-    requests: int
+    requests: int  # answered or failed (cut-offs not included)
     failures: int
-    errors: Counter
+    errors: Counter  # error code -> failures
     first_t: float
     last_end_t: float
     max_users: int
+    cut_off: int = 0  # still in flight when the drain ended the run
+    reasons: Counter = field(default_factory=Counter)  # (error, message, target) -> failures
 
 
 class _Accumulator:
@@ -47,10 +49,12 @@ class _Accumulator:
         self.first_t = math.inf
         self.last_end_t = -math.inf
         self.max_users = 0
+        self.cut_off = 0
+        self.reasons: Counter = Counter()
 
     def freeze(self) -> StageRequests:
         return StageRequests(np.asarray(self.latencies, dtype=float), self.requests, self.failures, self.errors,
-                             self.first_t, self.last_end_t, self.max_users)
+                             self.first_t, self.last_end_t, self.max_users, self.cut_off, self.reasons)
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,7 @@ def read_stage_requests(run_dir: Path, warnings: list[str]) -> tuple[dict[int, S
     writing it: no newline at the end of the file) is left out with a warning; any other
     unreadable row is an error."""
     path = run_dir / REQUESTS_FILE
-    _check_header(path, REQUEST_FIELDS)
+    _check_header(path, REQUIRED_REQUEST_FIELDS)
     acc: dict[int, _Accumulator] = {}
     first: FirstFailure | None = None
     line = 1
@@ -110,16 +114,20 @@ def read_stage_requests(run_dir: Path, warnings: list[str]) -> tuple[dict[int, S
             a = acc.get(rec.stage)
             if a is None:
                 a = acc[rec.stage] = _Accumulator()
-            a.requests += 1
             a.first_t = min(a.first_t, rec.t)
             a.last_end_t = max(a.last_end_t, rec.t + rec.latency_ms / 1000.0)
             a.max_users = max(a.max_users, rec.users)
+            if rec.cut_off:
+                a.cut_off += 1
+                continue
+            a.requests += 1
             if rec.ok:
                 a.latencies.append(rec.latency_ms)
             else:
                 a.failures += 1
                 error = rec.error or (f"HTTP {rec.status}" if rec.status else "no response")
                 a.errors[error] += 1
+                a.reasons[(error, rec.message, rec.target)] += 1
                 if first is None or rec.t < first.t:
                     first = FirstFailure(rec.t, rec.users, error)
     except (ValueError, TypeError, csv.Error, UnicodeDecodeError, OSError) as exc:

@@ -33,8 +33,8 @@ from mme.errors import MmeError
 from mme.process import child_env
 from mme.progress import Reporter
 
-STOP_GRACE_S = 2.0  # users finish the request in flight when the run stops, up to this long
-FINALS_TIMEOUT_S = 10.0
+FINALS_TIMEOUT_S = 10.0  # after the drain, how long workers may take to send their last records
+STOP_MARGIN_S = 15.0  # beyond the drain, how long stopping the users may take
 
 
 def _free_port(host: str) -> int:
@@ -147,10 +147,24 @@ class LoadRunners:
             return
         if self._start_greenlet is not None:
             self._start_greenlet.kill(block=True)
-        with gevent.Timeout(STOP_GRACE_S + 15, False):
-            runner.stop()
-        if self.link is not None and wait_for_finals and not self.link.wait_for_finals(FINALS_TIMEOUT_S):
+        with gevent.Timeout(self.config.drain_s + STOP_MARGIN_S, False):
+            runner.stop()  # users finish their request in flight, up to the drain (Locust's stop_timeout)
+        if (self.link is not None and wait_for_finals
+                and not self.link.wait_for_finals(self.config.drain_s + FINALS_TIMEOUT_S)):
             self.reporter.warn("some workers sent no final records; requests.csv may miss their last seconds")
+
+    def cut_short(self) -> None:
+        """End the drain now: users still waiting for an answer are stopped (their requests are
+        recorded as cut off). Workers of a distributed run are told to quit; what they had not
+        sent yet is lost."""
+        runner = self.runner
+        if runner is None:
+            return
+        if self.link is None:
+            runner.user_greenlets.kill(block=False)
+            return
+        for client_id in self.link.connected:
+            runner.send_message("quit", None, client_id=client_id)
 
     def shut_down(self, patient: bool) -> None:
         """Tell every worker to quit, quit the runner and wait for the local worker processes

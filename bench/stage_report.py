@@ -13,31 +13,57 @@ from typing import Callable
 
 import gevent
 
+from collections import Counter
+
 from bench.collect import SATURATION_PERCENT, Collector
 from bench.config import BenchConfig
 from bench.stages import LoadPlan
+from bench.summary_records import NONE, top_errors, top_errors_text
 from mme.progress import Reporter
 from mme.stats import percentile
+
+
+def ms(value: float | None) -> str:
+    return NONE if value is None else f"{value:.1f} ms"
+
+
+def top_errors_line(reasons: Counter, n: int = 3) -> str:
+    """The most common failures of ``reasons`` ((error, message, target) -> count), for the console."""
+    return top_errors_text(top_errors(reasons, n))
 
 
 class StageReporter:
     """``collector`` is set when the run starts measuring; until then nothing is reported."""
 
     def __init__(self, config: BenchConfig, plan: LoadPlan, reporter: Reporter, extra: dict,
-                 request_stop: Callable[[str], None], drain: Callable[[], None]) -> None:
+                 request_stop: Callable[[str], None], drain: Callable[[], None],
+                 in_flight: Callable[[float, float], int] | None = None) -> None:
         self.config = config
         self.plan = plan
         self.reporter = reporter
         self.extra = extra
         self._request_stop = request_stop
         self._drain = drain  # bring the local runner's records into the collector first
+        # requests sent between two run times still unanswered (the local runner's); None: unknown (workers)
+        self._in_flight = in_flight
         self.collector: Collector | None = None
         self._reported: set[int] = set()
         self._reports: list[gevent.Greenlet] = []
 
     def stage_ended(self, stage: int, lag: float) -> None:
-        """Report the stage once its last requests have had ``lag`` seconds to arrive."""
-        self._reports.append(gevent.spawn_later(lag, self.stage_report, stage, True))
+        """Report the stage once every request sent in it has answered (and ``lag`` seconds for
+        its record to arrive), so the line counts what the report counts; at most the request
+        timeout after the stage ended."""
+        self._reports.append(gevent.spawn(self._report_when_answered, stage, lag))
+
+    def _report_when_answered(self, stage: int, lag: float) -> None:
+        gevent.sleep(lag)
+        span = next((s for s in self.collector.stages if s.stage == stage), None) if self.collector else None
+        if span is not None and span.end_t is not None and self._in_flight is not None:
+            deadline = time.monotonic() + self.config.timeout_s
+            while self._in_flight(span.start_t, span.end_t) and time.monotonic() < deadline:
+                gevent.sleep(0.1)
+        self.stage_report(stage, True)
 
     def final_reports(self) -> None:
         """At the end of the run: every stage not reported yet, without stopping anything."""
@@ -58,17 +84,22 @@ class StageReporter:
         end_t = span.end_t if span.end_t is not None else span.start_t
         duration = max(end_t - span.start_t, 1e-9)
         ok = sorted(stats.latencies_ok)
-        p95 = percentile(ok, 95) or 0.0  # linear, as `mme report` computes it
+        p95 = percentile(ok, 95)  # linear, as `mme report` computes it
         cpu = self.collector.stage_records(self.plan.open_loop, end_t)
         cpu_max = next((r.generator_cpu_max for r in cpu if r.stage == stage), 0.0)
         users = stats.peak_users if self.plan.open_loop else span.users
+        pending = self._in_flight(span.start_t, end_t) if self._in_flight is not None and span.end_t is not None else 0
         self.reporter.info(
             f"  stage {stage + 1}/{len(self.plan.stages)} done  {span.start_t:6.1f}-{end_t:6.1f} s  users {users:4d}  "
-            f"{stats.requests:6d} req  {stats.requests / duration:7.1f} req/s  p50 {percentile(ok, 50) or 0.0:7.1f} ms  "
-            f"p95 {p95:7.1f} ms  failures {stats.failures}  generator cpu max {cpu_max:.0f}%"
-            + ("  SATURATED" if cpu_max > SATURATION_PERCENT else ""))
+            f"{stats.requests:6d} req  {stats.requests / duration:7.1f} req/s  p50 {ms(percentile(ok, 50)):>10}  "
+            f"p95 {ms(p95):>10}  failures {stats.failures}"
+            + (f"  cut off {stats.cut_off}" if stats.cut_off else "")
+            + (f"  ({pending} still in flight, not counted yet)" if pending else "")
+            + f"  generator cpu max {cpu_max:.0f}%" + ("  SATURATED" if cpu_max > SATURATION_PERCENT else ""))
+        if stats.failures:
+            self.reporter.info(f"    failures: {top_errors_line(stats.errors)}")
         limit = self.config.max_p95_ms
-        if limit is not None and ok and p95 > limit:
+        if limit is not None and p95 is not None and p95 > limit:
             self.extra.setdefault("max_p95_exceeded", {"stage": stage, "p95_ms": round(p95, 3), "limit_ms": limit})
             if may_stop:
                 self._request_stop("max-p95-ms")
@@ -76,7 +107,7 @@ class StageReporter:
     def progress(self, run_time: float, stage: int, runner, elapsed: float) -> None:
         collector = self.collector
         assert collector is not None, "progress before the run started measuring"
-        window = collector.take_window()
+        window = [r for r in collector.take_window() if not r.cut_off]
         ok = sorted(r.latency_ms for r in window if r.ok)
         failures = sum(1 for r in window if not r.ok)
         recent_cpu = [s.percent for s in collector.cpu if s.end_wall >= time.time() - max(elapsed, 1.0)]
@@ -84,7 +115,7 @@ class StageReporter:
         label = f"in flight {max((r.users for r in window), default=0)}" if self.plan.open_loop else f"users {users}"
         self.reporter.info(
             f"  [{run_time:6.1f} s] stage {stage + 1}/{len(self.plan.stages)}  {label}  "
-            f"{len(window) / max(elapsed, 1e-9):7.1f} req/s  p95 {percentile(ok, 95) or 0.0:7.1f} ms  failures {failures}  "
+            f"{len(window) / max(elapsed, 1e-9):7.1f} req/s  p95 {ms(percentile(ok, 95)):>10}  failures {failures}  "
             f"cpu {max(recent_cpu, default=0.0):.0f}%")
 
     def summary(self, stop_reason: str | None, stop_t: float, open_loop_counts: Callable[[], dict]) -> None:
@@ -96,9 +127,12 @@ class StageReporter:
         ok = sorted(total.latencies_ok)
         duration = max(stop_t, 1e-9)
         self.reporter.info(
-            f"==> {stop_reason} after {duration:.1f} s: {total.requests} requests, {total.failures} failed; "
-            f"p50 {percentile(ok, 50) or 0.0:.1f} ms, p95 {percentile(ok, 95) or 0.0:.1f} ms, p99 {percentile(ok, 99) or 0.0:.1f} ms; "
+            f"==> {stop_reason} after {duration:.1f} s: {total.requests} requests, {total.failures} failed"
+            + (f", {total.cut_off} cut off by the end of the drain" if total.cut_off else "")
+            + f"; p50 {ms(percentile(ok, 50))}, p95 {ms(percentile(ok, 95))}, p99 {ms(percentile(ok, 99))}; "
             f"{total.requests / duration:.1f} req/s")
+        if total.failures:
+            self.reporter.info(f"    most common failures: {top_errors_line(total.errors)}")
         if self.plan.open_loop:
             counts = open_loop_counts()
             if counts["late_starts"]:

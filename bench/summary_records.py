@@ -5,6 +5,7 @@ charts, tables and sizing."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,32 @@ PERCENTILES = (50, 90, 95, 99)
 PERCENTILE_METHOD = "linear interpolation between closest ranks (numpy method='linear', Hyndman-Fan type 7)"
 LATENCY_OF = "successful requests (ok == 1)"
 COMPLETED = "completed"
+NONE = "–"  # a figure with nothing to compute it from
+TOP_ERRORS = 5
+
+
+def top_errors(reasons: Counter, n: int = TOP_ERRORS) -> tuple[dict, ...]:
+    """The ``n`` most common failures of ``reasons`` ((error, message, target) -> count) as
+    {"error", "message", "count", "targets"}, targets most frequent first."""
+    by_reason: Counter = Counter()
+    targets: dict[tuple[str, str], Counter] = {}
+    for (error, message, target), count in reasons.items():
+        by_reason[(error, message)] += count
+        targets.setdefault((error, message), Counter())[target] += count
+    return tuple({"error": error, "message": message, "count": count,
+                  "targets": [t for t, _ in targets[(error, message)].most_common()]}
+                 for (error, message), count in by_reason.most_common(n))
+
+
+def top_errors_text(top: tuple[dict, ...]) -> str:
+    """``12 x ModelError "bad input" (m-v1.tar.gz, m-v2.tar.gz +3)``; ... or NONE."""
+    parts = []
+    for entry in top:
+        targets = [t or "(no target)" for t in entry["targets"]]
+        shown = ", ".join(targets[:2]) + (f" +{len(targets) - 2}" if len(targets) > 2 else "")
+        message = f' "{entry["message"]}"' if entry["message"] else ""
+        parts.append(f"{entry['count']} x {entry['error']}{message} ({shown})")
+    return "; ".join(parts) or NONE
 
 
 @dataclass(frozen=True)
@@ -45,6 +72,7 @@ class StageSummary:
     partial: bool  # cut short by the end of the run (interrupted, stopped on failure...)
     derived: bool  # not in stages.csv: timing reconstructed from its requests
     errors: str  # failures by error code, most frequent first: "ModelError:3; ReadTimeout:1"
+    cut_off: int = 0  # requests still in flight when the drain ended the run: neither answered nor failed
     # what the endpoint did in the stage (bench.endpoint_stages.EndpointStage's fields)
     model_loads: int | None = None
     model_evictions: int | None = None
@@ -90,6 +118,10 @@ class Overall:
     stopped_reason: str | None
     saturated_stages: tuple[int, ...]
     partial: bool  # the run did not complete its load shape
+    cut_off: int = 0  # requests still in flight when the drain ended the run
+    failure_rate: float | None = None  # failures / requests (None without requests)
+    # the most common failures: {"error", "message", "count", "targets"} (targets: most frequent first)
+    top_errors: tuple[dict, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,21 @@ to a cap on requests in flight; an arrival that finds the cap reached starts lat
 counted, so a stalled endpoint shows up instead of silently slowing the load down.
 
 Each request fires ``events.request`` with ``context["bench"] = (sent_at, target, status,
-error, users)``; ``bench.collect`` turns those into requests.csv rows.
+error, users, message, cut_off)``; ``bench.collect`` turns those into requests.csv rows. When
+the run ends, users finish the request in flight (Locust's ``stop_timeout``: the run's drain
+timeout); one still in flight when the drain ends (its greenlet killed) fires as cut off, so
+no request that was sent goes unrecorded.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from dataclasses import dataclass, field
+from typing import Iterator
 
+from gevent import GreenletExit
 from gevent.event import Event
 from gevent.pool import Pool
 from locust import User, task
@@ -29,6 +35,9 @@ from bench.targets import TargetPicker, parse_distribution
 
 LATE_START_S = 0.010  # an open-loop arrival starting later than this after its schedule is late
 CONFIG_WAIT_S = 60.0
+
+
+CUT_OFF = "CutOff"  # error code of a request still in flight when the drain ended
 
 
 class InvokeFailed(Exception):
@@ -66,8 +75,10 @@ class GeneratorState:
     picker: TargetPicker | None = None
     ready: Event = field(default_factory=Event)
     open_loop: OpenLoopCounters = field(default_factory=OpenLoopCounters)
-    stopping: Event = field(default_factory=Event)  # set by test_stopping: schedule no more arrivals
+    stopping: Event = field(default_factory=Event)  # set by test_stopping: start no more requests
     arrivals: bool = False  # open loop: users are arrival schedulers
+    in_flight: dict[int, float] = field(default_factory=dict)  # requests sent and not answered: token -> sent_at
+    tokens: Iterator[int] = field(default_factory=itertools.count)
     wait_s: tuple[float, float] = (0.0, 0.0)
     error: str | None = None
 
@@ -85,8 +96,13 @@ class GeneratorState:
         self.ready.set()
 
     def watch(self, environment) -> None:
-        """Stop open-loop arrivals as soon as the run starts stopping (before users are stopped)."""
+        """Start no new request (no open-loop arrival, no closed-loop send) once the run starts
+        stopping, before users are stopped."""
         environment.events.test_stopping.add_listener(lambda **_kw: self.stopping.set())
+
+    def in_flight_between(self, start_wall: float, end_wall: float) -> int:
+        """Requests of this generator still waiting for an answer that were sent in [start_wall, end_wall)."""
+        return sum(1 for sent in list(self.in_flight.values()) if start_wall <= sent < end_wall)
 
     def close(self) -> None:
         if self.invoker is not None:
@@ -121,14 +137,30 @@ class BenchUser(User):
             self._send(self.environment.runner.user_count if self.environment.runner else 0)
 
     def _send(self, users: int) -> None:
+        if STATE.stopping.is_set():  # the run is ending: a user Locust is stopping may still wake here
+            return
         target = STATE.picker.pick() if STATE.picker is not None else None
         sent_at = time.time()
         assert STATE.invoker is not None  # configured before any user runs (STATE.ready)
-        result: InvokeResult = STATE.invoker.invoke(target)
+        token = next(STATE.tokens)
+        STATE.in_flight[token] = sent_at
+        try:
+            result: InvokeResult = STATE.invoker.invoke(target)
+        except GreenletExit:  # the drain ended with this request in flight: recorded as cut off
+            waited_ms = (time.time() - sent_at) * 1000.0
+            self.environment.events.request.fire(
+                request_type="POST", name=target or "invocations", response_time=waited_ms, response_length=0,
+                exception=None, context={"bench": (sent_at, target or "", 0, CUT_OFF, users,
+                                                   "still in flight when the drain timeout ended the run", 1)},
+                response=None, url=None)
+            raise
+        finally:
+            STATE.in_flight.pop(token, None)
         self.environment.events.request.fire(
             request_type="POST", name=target or "invocations", response_time=result.latency_ms,
             response_length=result.response_bytes, exception=None if result.ok else InvokeFailed(result),
-            context={"bench": (sent_at, target or "", result.status, result.error, users)}, response=None, url=None,
+            context={"bench": (sent_at, target or "", result.status, result.error, users, result.message, 0)},
+            response=None, url=None,
         )
 
     def _schedule_arrivals(self, config: BenchConfig) -> None:

@@ -4,6 +4,7 @@ that says what was expected (argparse turns it into the one-line usage error).""
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Callable
 
 
@@ -33,6 +34,27 @@ def positive_float(text: str) -> float:
         value = 0.0
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a number of 0 or more, got {text!r}")
+    return value
+
+
+def share(text: str) -> float:
+    """A share in [0, 1] (0 allowed, unlike :func:`fraction`)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a share between 0 and 1, got {text!r}")
     return value
 
 

@@ -1,7 +1,8 @@
 """A tiny SageMaker-runtime look-alike for the bench tests, run on a thread of the test process.
 
 ``POST /endpoints/{name}/invocations`` answers per ``behaviour``: "ok" (200), "fail" (500
-InternalFailure), "model-error" (424 ModelError), "slow" (200 after ``delay_s``) or "drop" (closes
+InternalFailure), "model-error" (424 ModelError), "slow" (200 after ``delay_s``, or after a delay
+drawn uniformly from ``delay_s``..``delay_max_s`` when that is set) or "drop" (closes
 the connection without an answer, like a crashed endpoint); ``fail_after`` switches to
 ``after_behaviour`` ("fail" unless set) after that many requests. ``GET /ping`` and ``GET /metrics.json`` answer
 like the local endpoint's. Keeps the headers of every request it saw. TCP_NODELAY on accepted
@@ -11,6 +12,7 @@ sockets, so no keep-alive request waits on Nagle's algorithm.
 from __future__ import annotations
 
 import json
+import random
 import socket
 import threading
 import time
@@ -24,6 +26,8 @@ ERROR_SUFFIX = ":http://internal.amazon.com/coral/com.amazon.sagemaker/"
 class FakeState:
     behaviour: str = "ok"
     delay_s: float = 0.0
+    delay_max_s: float | None = None
+    answered: int = 0  # invocations answered (any status), for recorded-vs-served checks
     fail_after: int | None = None
     after_behaviour: str = "fail"
     metrics: bool = True
@@ -83,7 +87,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.shutdown(socket.SHUT_RDWR)
             return
         if behaviour == "slow":
-            time.sleep(state.delay_s)
+            high = state.delay_max_s if state.delay_max_s is not None else state.delay_s
+            time.sleep(random.uniform(state.delay_s, high))
         if behaviour == "fail":
             body = json.dumps({"message": "injected failure"}).encode()
             self._reply(500, body, {"x-amzn-ErrorType": "InternalFailure" + ERROR_SUFFIX, "Content-Type": "application/json"})
@@ -92,6 +97,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(424, body, {"x-amzn-ErrorType": "ModelError" + ERROR_SUFFIX, "Content-Type": "application/json"})
         else:
             self._reply(200, b'{"outputs": []}', {"Content-Type": "application/json"})
+        with state.lock:
+            state.answered += 1
 
 
 class _Server(ThreadingHTTPServer):

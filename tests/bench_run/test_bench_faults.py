@@ -22,7 +22,7 @@ def test_endpoint_failing_mid_run_is_recorded_not_a_crash(tmp_path):
     with FakeEndpoint(fail_after=10) as endpoint:
         run = saved_run(run_bench("--endpoint", "e", "--endpoint-url", endpoint.url, "--model", "m", "--copies", "2",
                                   "--payload", str(payload(tmp_path)), "--shape", "constant", "--users", "3",
-                                  "--duration", "2", "--out", str(tmp_path / "out")))
+                                  "--duration", "2", "--max-failure-rate", "1", "--out", str(tmp_path / "out")))
     assert run.info.stopped_reason == "completed"
     ok = [r for r in run.requests if r.ok]
     failed = [r for r in run.requests if not r.ok]
@@ -38,7 +38,7 @@ def test_endpoint_going_away_mid_run(tmp_path):
     process = subprocess.Popen(bench_command("--endpoint", "e", "--endpoint-url", endpoint.url, "--mode", "single",
                                              "--shape", "constant", "--users", "3", "--duration", "3",
                                              "--wait", "0.05,0.1", "--timeout", "2", "--metrics-interval", "0.5",
-                                             "--out", str(tmp_path)),
+                                             "--max-failure-rate", "1", "--out", str(tmp_path)),
                                cwd=ROOT, env=bench_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
     # 8 answered, then dropped ones; and the baseline plus one snapshot within the stage
@@ -70,7 +70,8 @@ def test_boto3_client_reports_sagemaker_error_codes(tmp_path):
     with FakeEndpoint(behaviour="model-error") as endpoint:
         run = saved_run(run_bench("--endpoint", "e", "--endpoint-url", endpoint.url, "--model", "m", "--copies", "2",
                                   "--payload", str(payload(tmp_path)), "--client", "boto3", "--shape", "constant",
-                                  "--users", "2", "--duration", "1.5", "--out", str(tmp_path / "out")))
+                                  "--users", "2", "--duration", "1.5", "--max-failure-rate", "1",
+                                  "--out", str(tmp_path / "out")))
         calls = endpoint.state.requests
     assert run.info.client == "boto3"
     assert run.requests and {(r.ok, r.status, r.error) for r in run.requests} == {(0, 424, "ModelError")}

@@ -11,7 +11,8 @@ from tests.bench_run.helpers import run_bench, saved_run
 def test_stop_on_failure_stops_at_the_first_failed_request(tmp_path):
     with FakeEndpoint(fail_after=15) as endpoint:
         completed = run_bench("--endpoint", "e", "--endpoint-url", endpoint.url, "--mode", "single", "--shape", "constant",
-                              "--users", "4", "--duration", "20", "--stop-on-failure", "--out", str(tmp_path))
+                              "--users", "4", "--duration", "20", "--stop-on-failure", "--max-failure-rate", "1",
+                              "--out", str(tmp_path))
         run = saved_run(completed)
     assert run.info.stopped_reason == "stop-on-failure"
     failed = [r for r in run.requests if not r.ok]
