@@ -21,10 +21,15 @@ Definitions (also written into ``summary.json``):
   ``end_t - start_t`` of the stage.
 * **Max users without failure**: the highest user count among stages that completed (not
   cut short by the end of the run) with requests and no failure, before the first stage
-  that had a failure. **Users at first failure**: the ``users`` column of the earliest
-  failed request.
+  that had a failure or finished no request at all (``unanswered_stages``: nothing can be
+  said of it). **Users at first failure**: the ``users`` column of the earliest failed request.
 * **Max error-free throughput**: the highest requests/s of a stage with requests and no
-  failure.
+  failure, held at least ``SUSTAINED_MIN_S`` (10 s) and not cut short: a shorter stage is a
+  burst, not a throughput the endpoint sustains.
+* **Overall p50/p95/p99** are over every successful request of the run; **sustained
+  throughput** is every answered request over the run's duration. **Models**: copies
+  targeted (the run's), model loads during the run (the endpoint's metrics, where it has
+  them) and models resident at the end (its LoadedModelCount), each named as such.
 
 This module computes the statistics; the rest lives beside it, each name imported from its home:
 
@@ -47,9 +52,11 @@ from bench.endpoint_stages import NO_ENDPOINT, EndpointStage, endpoint_by_stage,
 from bench.results import STAGES_FILE, RunInfo, StageRecord
 from bench.run_reader import FirstFailure, StageRequests, read_run_info, read_stage_records, read_stage_requests
 from bench.summary_records import (
+    COLD_METHOD,
     COMPLETED,
     PERCENTILES,
     Overall,
+    SUSTAINED_MIN_S,
     RunSummary,
     StageSummary,
     top_errors,
@@ -91,14 +98,23 @@ def _stage_summary(record: StageRecord | None, stage: int, reqs: StageRequests |
         latency_max_ms=float(lat.max()) if lat.size else None,
         latency_p50_ms=pct[50], latency_p90_ms=pct[90], latency_p95_ms=pct[95], latency_p99_ms=pct[99],
         generator_cpu_max=cpu_max, generator_cpu_mean=cpu_mean, saturated=saturated, partial=partial,
-        derived=record is None, errors=errors, cut_off=reqs.cut_off if reqs else 0, **asdict(endpoint),
+        derived=record is None, errors=errors, cut_off=reqs.cut_off if reqs else 0,
+        cold_requests=reqs.cold if reqs else None,
+        warm_p50_ms=_p(reqs, "warm", 50), warm_p95_ms=_p(reqs, "warm", 95), warm_p99_ms=_p(reqs, "warm", 99),
+        cold_p50_ms=_p(reqs, "cold", 50), cold_max_ms=_p(reqs, "cold", 100), **asdict(endpoint),
     )
+
+
+def _p(reqs: StageRequests | None, kind: str, q: float) -> float | None:
+    if reqs is None or reqs.cold is None:
+        return None
+    return percentile(reqs.warm_latencies if kind == "warm" else reqs.cold_latencies, q)
 
 
 def _max_users_without_failure(stages: tuple[StageSummary, ...]) -> int | None:
     best: int | None = None
     for s in stages:
-        if s.failures:
+        if s.failures or (not s.requests and not s.partial):
             break
         if s.requests and not s.partial:
             best = s.users if best is None else max(best, s.users)
@@ -115,7 +131,8 @@ def _top_errors(by_stage: dict[int, StageRequests]) -> tuple[dict, ...]:
 def _overall(run: RunInfo, stages: tuple[StageSummary, ...], first: FirstFailure | None,
              min_latency: float | None, endpoint: dict[int, EndpointStage],
              by_stage: dict[int, StageRequests]) -> Overall:
-    error_free = [s for s in stages if s.error_free and s.requests_per_s is not None]
+    error_free = [s for s in stages if s.error_free and s.requests_per_s is not None and not s.partial
+                  and s.duration_s >= SUSTAINED_MIN_S]
     top = max(error_free, key=lambda s: s.requests_per_s or 0.0, default=None)  # none is None (filtered)
     with_p50 = [s for s in stages if s.latency_p50_ms is not None]
     lowest = min(with_p50, key=lambda s: s.latency_p50_ms or 0.0, default=None)  # none is None (filtered)
@@ -128,9 +145,16 @@ def _overall(run: RunInfo, stages: tuple[StageSummary, ...], first: FirstFailure
         models_loaded, source = None, None
     requests = sum(s.requests for s in stages)
     failures = sum(s.failures for s in stages)
+    latencies = np.concatenate([r.latencies for r in by_stage.values()]) if by_stage else np.empty(0)
+    duration = (max(s.end_t for s in stages) - min(s.start_t for s in stages)) if stages else 0.0
+    loads = [e.model_loads for e in endpoint.values() if e.model_loads is not None]
+    told = [r for r in by_stage.values() if r.cold is not None]
+    warm = np.concatenate([r.warm_latencies for r in told]) if told else np.empty(0)
+    cold = np.concatenate([r.cold_latencies for r in told]) if told else np.empty(0)
+    known = bool(told)
     return Overall(
         requests=requests, successes=requests - failures, failures=failures,
-        duration_s=(max(s.end_t for s in stages) - min(s.start_t for s in stages)) if stages else 0.0,
+        duration_s=duration,
         max_users_without_failure=_max_users_without_failure(stages), failed=failures > 0,
         first_failure_users=first.users if first else None, first_failure_t=first.t if first else None,
         first_failure_error=first.error if first else None,
@@ -142,6 +166,13 @@ def _overall(run: RunInfo, stages: tuple[StageSummary, ...], first: FirstFailure
         stopped_reason=run.stopped_reason, saturated_stages=tuple(s.stage for s in stages if s.saturated),
         partial=run.stopped_reason != COMPLETED, cut_off=sum(s.cut_off for s in stages),
         failure_rate=failures / requests if requests else None, top_errors=_top_errors(by_stage),
+        latency_p50_ms=percentile(latencies, 50), latency_p95_ms=percentile(latencies, 95),
+        latency_p99_ms=percentile(latencies, 99), sustained_rps=_rate(requests, duration),
+        copies_targeted=run.copies, model_loads=sum(loads) if loads else None,
+        unanswered_stages=tuple(s.stage for s in stages if not s.requests),
+        cold_requests=sum(r.cold or 0 for r in told) if known else None, cold_method=COLD_METHOD if known else None,
+        warm_p50_ms=percentile(warm, 50), warm_p95_ms=percentile(warm, 95), warm_p99_ms=percentile(warm, 99),
+        cold_p50_ms=percentile(cold, 50), cold_p95_ms=percentile(cold, 95), cold_max_ms=percentile(cold, 100),
     )
 
 

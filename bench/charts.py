@@ -203,7 +203,7 @@ def _max_users_text(summary: "RunSummary") -> str:
 
 
 COMPARISON_METRICS: tuple[tuple[str, _Getter, bool, Callable[["RunSummary"], str]], ...] = (
-    ("copies loaded", lambda s: s.overall.models_loaded, True,
+    ("models resident\nat the end", lambda s: s.overall.models_loaded, True,
      lambda s: "n/a" if s.overall.models_loaded is None else str(s.overall.models_loaded)),
     ("lowest latency\n(stage p50, ms; lower is better)", lambda s: s.overall.lowest_p50_ms, False,
      lambda s: "n/a" if s.overall.lowest_p50_ms is None else f"{s.overall.lowest_p50_ms:.1f} ms"),

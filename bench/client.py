@@ -24,6 +24,7 @@ from functools import lru_cache
 from botocore.auth import SIGNED_HEADERS_BLACKLIST, SigV4Auth, _host_from_url
 
 from bench.endpoint import SERVICE, EndpointAddress
+from serving.reply_headers import COLD_HEADER, read_cold
 
 TARGET_HEADER = "X-Amzn-SageMaker-Target-Model"
 ERROR_TYPE_HEADER = "x-amzn-ErrorType"
@@ -36,6 +37,7 @@ class InvokeResult:
     latency_ms: float  # signing + round trip + reading the body
     response_bytes: int
     message: str = ""  # on failure: the server's message, or the exception's text
+    cold: int | None = None  # 1: waited for its model to load; 0: warm; None: the endpoint does not say
 
     @property
     def ok(self) -> bool:
@@ -201,7 +203,7 @@ class FastInvoker:
         headers = dict(self._signed)
         if target:
             headers[TARGET_HEADER] = target
-        status, error, size, message = 0, "", 0, ""
+        status, error, size, message, cold = 0, "", 0, "", None
         try:
             self._signer.sign("POST", self._url, headers, self._body)
             head = self._head + "".join(f"{key}: {value}\r\n" for key, value in headers.items()) + "\r\n"
@@ -217,11 +219,12 @@ class FastInvoker:
             finally:
                 response.release()
             status, size = response.status_code, len(data)
+            cold = read_cold(response.get(COLD_HEADER))
             if status != 200:
                 error, message = error_code(status, response.get, data), error_message(data)
         except Exception as exc:  # every transport failure is a failed request, named by its type
             error, message = type(exc).__name__, exception_message(exc)
-        return InvokeResult(status, error, (time.perf_counter() - start) * 1000.0, size, message)
+        return InvokeResult(status, error, (time.perf_counter() - start) * 1000.0, size, message, cold)
 
     def close(self) -> None:
         self._pool.close()
@@ -255,18 +258,20 @@ class Boto3Invoker:
         kwargs = dict(self._kwargs, EndpointName=self._name)
         if target:
             kwargs["TargetModel"] = target
-        status, error, size, message = 0, "", 0, ""
+        status, error, size, message, cold = 0, "", 0, "", None
         try:
             reply = self._client.invoke_endpoint(**kwargs)
             size = len(reply["Body"].read())
             status = reply["ResponseMetadata"]["HTTPStatusCode"]
+            cold = read_cold(reply["ResponseMetadata"].get("HTTPHeaders", {}).get(COLD_HEADER.lower()))
         except ClientError as exc:
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+            cold = read_cold(exc.response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get(COLD_HEADER.lower()))
             error = exc.response.get("Error", {}).get("Code") or str(status)
             message = " ".join(str(exc.response.get("Error", {}).get("Message") or "").split())[:MESSAGE_CHARS]
         except Exception as exc:  # connection errors, timeouts: failed requests, named by type
             error, message = type(exc).__name__, exception_message(exc)
-        return InvokeResult(status, error, (time.perf_counter() - start) * 1000.0, size, message)
+        return InvokeResult(status, error, (time.perf_counter() - start) * 1000.0, size, message, cold)
 
     def close(self) -> None:
         self._client.close()

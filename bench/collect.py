@@ -27,7 +27,8 @@ from mme.stats import percentile
 CPU_SAMPLE_S = 0.5
 SATURATION_PERCENT = 90.0
 
-# (sent_at wall time, target, status, error, users on this generator when sent, latency_ms, message, cut_off)
+# (sent_at wall time, target, status, error, users on this generator when sent, latency_ms, message, cut_off,
+#  cold: 1/0, None when the endpoint does not say)
 RawRecord = tuple
 
 
@@ -60,8 +61,8 @@ class Recorder:
         bench = (context or {}).get("bench")
         if bench is None:
             return
-        sent_at, target, status, error, users, message, cut_off = bench
-        raw = (sent_at, target, status, error, users, response_time, message, cut_off)
+        sent_at, target, status, error, users, message, cut_off, cold = bench
+        raw = (sent_at, target, status, error, users, response_time, message, cut_off, cold)
         self.records.append(raw)
         if error and not cut_off and self._on_failure is not None:
             self._on_failure(raw)
@@ -92,6 +93,8 @@ class StageStats:
     latencies_ok: list[float] = field(default_factory=list)
     peak_users: int = 0
     errors: Counter = field(default_factory=Counter)  # (error, message, target) -> failures
+    cold: int = 0  # answered requests that waited for their model to load (the endpoint said so)
+    warm_latencies: list[float] = field(default_factory=list)  # successful requests the endpoint called warm
 
     def p(self, q: float) -> float | None:
         return percentile(self.latencies_ok, q)
@@ -156,13 +159,13 @@ class Collector:
     # -- samples ---------------------------------------------------------------------------
     def add(self, worker: str, raws: list[RawRecord]) -> None:
         self.workers.add(worker)
-        for sent_at, target, status, error, users, latency_ms, message, cut_off in raws:
+        for sent_at, target, status, error, users, latency_ms, message, cut_off, cold in raws:
             t = sent_at - self.t0_wall
             if not self.exact_users:  # the master's count lags spawning a little; a worker's own is a floor
                 users = max(users, self._users_at(t))
             record = RequestRecord(t=t, stage=self._stage_at(t), users=users, target=target, latency_ms=latency_ms,
                                    ok=0 if error else 1, status=status, error=error, worker=worker, message=message,
-                                   cut_off=cut_off)
+                                   cut_off=cut_off, cold=cold)
             self._pending.append(record)
             self.window.append(record)
             for stats in (self.stats.setdefault(record.stage, StageStats()), self.total):
@@ -171,11 +174,14 @@ class Collector:
                     stats.cut_off += 1
                     continue
                 stats.requests += 1
+                stats.cold += cold or 0
                 if error:
                     stats.failures += 1
                     stats.errors[(error, message, target)] += 1
                 else:
                     stats.latencies_ok.append(latency_ms)
+                    if cold == 0:
+                        stats.warm_latencies.append(latency_ms)
             if cut_off:
                 continue
             if error and self.first_failure is None:

@@ -1,7 +1,8 @@
 """Snapshots of the endpoint's own metrics (``/metrics.json``, where a custom endpoint URL
 serves it) taken by ``bench.run`` into ``endpoint_metrics.jsonl``: a baseline before the
 first stage (stage -1), one every ``--metrics-interval`` within a stage and one at each stage
-end, each fetched aside so a slow endpoint never holds up the driver. The last one gives
+end (the last stage's again after the drain, which then closes it), each fetched aside so a
+slow endpoint never holds up the driver. The last one gives
 run.json's ``models_loaded``. ``bench.endpoint_stages`` turns them into per-stage figures.
 
 Part of the load generator process: import it only after gevent's monkey patching.

@@ -51,10 +51,16 @@ def fmt(value: Any, digits: int = 1) -> str:
 
 
 def max_users_text(summary: RunSummary) -> str:
-    value = summary.overall.max_users_without_failure
+    o = summary.overall
+    value = o.max_users_without_failure
+    later_silent = [s.users for s in summary.stages if s.stage in o.unanswered_stages
+                    and (value is None or s.users > value)]
+    silent = f"; no request finished at {', '.join(map(str, later_silent))} users" if later_silent else ""
     if value is None:
-        return "none (failures from the first stage)" if summary.overall.failed else NONE
-    return f"{value} (no failure in the run)" if not summary.overall.failed else str(value)
+        return ("none (failures from the first stage)" if o.failed else NONE) + silent
+    if o.failed:
+        return f"{value}{silent}"
+    return f"{value}{silent}" if silent else f"{value} (no failure in the run)"
 
 
 def _stage_flags(s: StageSummary) -> str:
@@ -76,6 +82,7 @@ _STAGE_COLUMNS: tuple[tuple[str, Callable[[StageSummary], str]], ...] = (
     ("ok", lambda s: fmt(s.successes)),
     ("failed", lambda s: fmt(s.failures)),
     ("cut off", lambda s: fmt(s.cut_off)),
+    ("cold", lambda s: fmt(s.cold_requests)),
     ("req/s", lambda s: fmt(s.requests_per_s, 2)),
     ("avg ms", lambda s: fmt(s.latency_avg_ms)),
     ("min ms", lambda s: fmt(s.latency_min_ms)),
@@ -83,6 +90,10 @@ _STAGE_COLUMNS: tuple[tuple[str, Callable[[StageSummary], str]], ...] = (
     ("p90 ms", lambda s: fmt(s.latency_p90_ms)),
     ("p95 ms", lambda s: fmt(s.latency_p95_ms)),
     ("p99 ms", lambda s: fmt(s.latency_p99_ms)),
+    ("warm p50 ms", lambda s: fmt(s.warm_p50_ms)),
+    ("warm p95 ms", lambda s: fmt(s.warm_p95_ms)),
+    ("cold p50 ms", lambda s: fmt(s.cold_p50_ms)),
+    ("cold max ms", lambda s: fmt(s.cold_max_ms)),
     ("max ms", lambda s: fmt(s.latency_max_ms)),
     ("gen CPU max %", lambda s: fmt(s.generator_cpu_max, 0)),
     ("gen CPU mean %", lambda s: fmt(s.generator_cpu_mean, 0)),
@@ -116,14 +127,27 @@ def overall_rows(summary: RunSummary) -> list[tuple[str, str]]:
         ("requests (ok / failed)", f"{o.requests} ({o.successes} / {o.failures})"
          + (f"; {o.cut_off} more cut off by the end of the drain" if o.cut_off else "")),
         ("most common failures", top_errors_text(o.top_errors)),
+        ("latency, all successful requests", NONE if o.latency_p50_ms is None else
+         f"p50 {o.latency_p50_ms:.1f} ms, p95 {fmt(o.latency_p95_ms)} ms, p99 {fmt(o.latency_p99_ms)} ms"),
+        ("cold requests (waited for their model to load)", NONE if o.cold_requests is None else
+         f"{o.cold_requests}: p50 {fmt(o.cold_p50_ms)} ms, p95 {fmt(o.cold_p95_ms)} ms, max {fmt(o.cold_max_ms)} ms "
+         f"(told apart by {o.cold_method})"),
+        ("latency, warm requests", NONE if o.warm_p50_ms is None else
+         f"p50 {o.warm_p50_ms:.1f} ms, p95 {fmt(o.warm_p95_ms)} ms, p99 {fmt(o.warm_p99_ms)} ms"),
+        ("sustained throughput", NONE if o.sustained_rps is None else
+         f"{o.sustained_rps:.2f} requests/s over {o.duration_s:.1f} s"),
         ("max users before the first failure", max_users_text(summary)),
         ("users at the first failed request", first),
-        ("max error-free throughput", NONE if o.max_error_free_rps is None else
+        ("max error-free throughput (a stage of 10 s or more)", NONE if o.max_error_free_rps is None else
          f"{o.max_error_free_rps:.2f} requests/s at {o.max_error_free_rps_users} users"),
         ("lowest latency (stage p50)", NONE if o.lowest_p50_ms is None else
          f"{o.lowest_p50_ms:.1f} ms at {o.lowest_p50_users} users"),
         ("lowest latency (any request)", NONE if o.min_latency_ms is None else f"{o.min_latency_ms:.1f} ms"),
-        ("models loaded", NONE if o.models_loaded is None else f"{o.models_loaded} (from {o.models_loaded_source})"),
+        ("copies targeted", fmt(o.copies_targeted)),
+        ("model loads during the run", fmt(o.model_loads)),
+        ("models resident at the end", NONE if o.models_loaded is None else
+         f"{o.models_loaded} (from {o.models_loaded_source})"),
+        ("stages where no request finished", ", ".join(map(str, o.unanswered_stages)) or "none"),
         ("saturated stages", ", ".join(map(str, o.saturated_stages)) or "none"),
         ("stopped", o.stopped_reason or "unknown (run.json not finalised)"),
         ("duration", f"{o.duration_s:.1f} s"),
@@ -137,7 +161,7 @@ def overall_rows(summary: RunSummary) -> list[tuple[str, str]]:
 
 
 def comparison_rows(summaries: Sequence[RunSummary]) -> tuple[list[str], list[list[str]]]:
-    header = ["run", "instance", "format", "copies loaded", "lowest p50 ms", "min latency ms",
+    header = ["run", "instance", "format", "models resident at the end", "lowest p50 ms", "min latency ms",
               "max error-free req/s", "max users before first failure", "users at first failure", "stopped"]
     rows = [
         [label, s.run.instance_type or NONE, s.run.format or NONE, fmt(s.overall.models_loaded),

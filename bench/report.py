@@ -166,6 +166,8 @@ def _num(value: float | int | None, digits: int = 1) -> str:
 
 def print_results(paths: ReportPaths) -> None:
     """The results on stdout: one line per run, the sizing verdicts, then where the files are."""
+    from bench.render import max_users_text
+
     for r in paths.report.runs:
         o = r.summary.overall
         name = r.summary.run.run_id
@@ -173,8 +175,8 @@ def print_results(paths: ReportPaths) -> None:
             name = f"{name} ({r.summary.label})"
         print(f"{name}: max error-free {_num(o.max_error_free_rps)} req/s, "
               f"lowest p50 {_num(o.lowest_p50_ms)} ms, max users before first failure "
-              f"{_num(o.max_users_without_failure)}{'' if o.failed else ' (never failed)'}, "
-              f"copies loaded {_num(o.models_loaded)}")
+              f"{max_users_text(r.summary)}, "
+              f"models resident at the end {_num(o.models_loaded)}")
         if r.sizing is not None:
             print(f"  sizing: {r.sizing.message}")
             for note in r.sizing.notes:

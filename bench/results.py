@@ -83,6 +83,7 @@ class RequestRecord:
     worker: str  # generator process id (host:pid)
     message: str = ""  # on failure: the server's message or the exception's text
     cut_off: int = 0  # 1: still in flight when the drain timeout ended the run (no answer, not a failure)
+    cold: int | None = None  # 1: waited for its model to load; 0: warm; empty: the endpoint does not say
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,7 @@ class RequestWriter:
     def write(self, records: Iterable[RequestRecord]) -> None:
         self._writer.writerows(
             (round(r.t, 6), r.stage, r.users, r.target, round(r.latency_ms, 4), r.ok, r.status, r.error, r.worker,
-             r.message, r.cut_off)
+             r.message, r.cut_off, "" if r.cold is None else r.cold)
             for r in records
         )
         self._file.flush()
@@ -136,7 +137,7 @@ def read_requests(run_dir: Path) -> Iterator[RequestRecord]:
                 t=float(row["t"]), stage=int(row["stage"]), users=int(row["users"]), target=row["target"],
                 latency_ms=float(row["latency_ms"]), ok=int(row["ok"]), status=int(row["status"]),
                 error=row["error"], worker=row["worker"], message=row.get("message") or "",
-                cut_off=int(row.get("cut_off") or 0),
+                cut_off=int(row.get("cut_off") or 0), cold=int(row["cold"]) if row.get("cold") else None,
             )
 
 

@@ -250,6 +250,8 @@ class BenchRun:
         self.runners.stop(wait_for_finals=collector is not None)
         if collector is not None:
             self._drain_local()
+            if collector.stages:  # after the drain: the last stage's figures include its drained requests
+                self.snapshots.take(collector.stages[-1].stage, "end")
             self.snapshots.finish()
             self.stage_reports.final_reports()
             collector.close()

@@ -38,6 +38,9 @@ class StageRequests:
     max_users: int
     cut_off: int = 0  # still in flight when the drain ended the run
     reasons: Counter = field(default_factory=Counter)  # (error, message, target) -> failures
+    cold: int | None = None  # requests that waited for their model to load; None: the endpoint did not say
+    warm_latencies: np.ndarray = field(default_factory=lambda: np.empty(0))  # successful warm requests, ms
+    cold_latencies: np.ndarray = field(default_factory=lambda: np.empty(0))  # successful cold requests, ms
 
 
 class _Accumulator:
@@ -51,10 +54,14 @@ class _Accumulator:
         self.max_users = 0
         self.cut_off = 0
         self.reasons: Counter = Counter()
+        self.cold: int | None = None
+        self.warm_latencies: list[float] = []
+        self.cold_latencies: list[float] = []
 
     def freeze(self) -> StageRequests:
         return StageRequests(np.asarray(self.latencies, dtype=float), self.requests, self.failures, self.errors,
-                             self.first_t, self.last_end_t, self.max_users, self.cut_off, self.reasons)
+                             self.first_t, self.last_end_t, self.max_users, self.cut_off, self.reasons, self.cold,
+                             np.asarray(self.warm_latencies, dtype=float), np.asarray(self.cold_latencies, dtype=float))
 
 
 @dataclass(frozen=True)
@@ -121,8 +128,12 @@ def read_stage_requests(run_dir: Path, warnings: list[str]) -> tuple[dict[int, S
                 a.cut_off += 1
                 continue
             a.requests += 1
+            if rec.cold is not None:
+                a.cold = (a.cold or 0) + rec.cold
             if rec.ok:
                 a.latencies.append(rec.latency_ms)
+                if rec.cold is not None:
+                    (a.cold_latencies if rec.cold else a.warm_latencies).append(rec.latency_ms)
             else:
                 a.failures += 1
                 error = rec.error or (f"HTTP {rec.status}" if rec.status else "no response")

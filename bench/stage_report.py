@@ -94,6 +94,8 @@ class StageReporter:
             f"{stats.requests:6d} req  {stats.requests / duration:7.1f} req/s  p50 {ms(percentile(ok, 50)):>10}  "
             f"p95 {ms(p95):>10}  failures {stats.failures}"
             + (f"  cut off {stats.cut_off}" if stats.cut_off else "")
+            + (f"  cold {stats.cold}, warm p95 {ms(percentile(sorted(stats.warm_latencies), 95))}"
+               if stats.cold else "")
             + (f"  ({pending} still in flight, not counted yet)" if pending else "")
             + f"  generator cpu max {cpu_max:.0f}%" + ("  SATURATED" if cpu_max > SATURATION_PERCENT else ""))
         if stats.failures:

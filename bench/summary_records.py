@@ -18,9 +18,11 @@ SUMMARY_JSON = "summary.json"
 PERCENTILES = (50, 90, 95, 99)
 PERCENTILE_METHOD = "linear interpolation between closest ranks (numpy method='linear', Hyndman-Fan type 7)"
 LATENCY_OF = "successful requests (ok == 1)"
+COLD_METHOD = "the endpoint's X-Mme-Cold reply header, per request (mme serve)"
 COMPLETED = "completed"
 NONE = "–"  # a figure with nothing to compute it from
 TOP_ERRORS = 5
+SUSTAINED_MIN_S = 10.0  # a stage shorter than this is a burst: no throughput headline from it
 
 
 def top_errors(reasons: Counter, n: int = TOP_ERRORS) -> tuple[dict, ...]:
@@ -73,6 +75,13 @@ class StageSummary:
     derived: bool  # not in stages.csv: timing reconstructed from its requests
     errors: str  # failures by error code, most frequent first: "ModelError:3; ReadTimeout:1"
     cut_off: int = 0  # requests still in flight when the drain ended the run: neither answered nor failed
+    # cold: requests that waited for their model to be fetched and loaded (None: the endpoint did not say)
+    cold_requests: int | None = None
+    warm_p50_ms: float | None = None  # successful requests whose model was loaded already
+    warm_p95_ms: float | None = None
+    warm_p99_ms: float | None = None
+    cold_p50_ms: float | None = None  # successful cold requests
+    cold_max_ms: float | None = None
     # what the endpoint did in the stage (bench.endpoint_stages.EndpointStage's fields)
     model_loads: int | None = None
     model_evictions: int | None = None
@@ -103,13 +112,13 @@ class Overall:
     first_failure_users: int | None
     first_failure_t: float | None
     first_failure_error: str | None
-    max_error_free_rps: float | None
+    max_error_free_rps: float | None  # over stages held at least SUSTAINED_MIN_S, not a burst
     max_error_free_rps_users: int | None
     max_error_free_rps_stage: int | None
     lowest_p50_ms: float | None
     lowest_p50_users: int | None
     min_latency_ms: float | None
-    models_loaded: int | None
+    models_loaded: int | None  # resident at the end of the run (LoadedModelCount)
     models_loaded_source: str | None  # "run.json" | "endpoint metrics"
     endpoint: str
     instance_type: str | None
@@ -120,6 +129,21 @@ class Overall:
     partial: bool  # the run did not complete its load shape
     cut_off: int = 0  # requests still in flight when the drain ended the run
     failure_rate: float | None = None  # failures / requests (None without requests)
+    latency_p50_ms: float | None = None  # over every successful request of the run
+    latency_p95_ms: float | None = None
+    latency_p99_ms: float | None = None
+    sustained_rps: float | None = None  # answered requests / the run's duration
+    copies_targeted: int = 0  # distinct targets requests were spread over
+    model_loads: int | None = None  # loads during the run (endpoint metrics); None: unknown
+    unanswered_stages: tuple[int, ...] = ()  # stages where no request finished (no figure to show)
+    cold_requests: int | None = None  # None: the endpoint did not say which requests were cold
+    cold_method: str | None = None  # how cold requests were told apart
+    warm_p50_ms: float | None = None
+    warm_p95_ms: float | None = None
+    warm_p99_ms: float | None = None
+    cold_p50_ms: float | None = None
+    cold_p95_ms: float | None = None
+    cold_max_ms: float | None = None
     # the most common failures: {"error", "message", "count", "targets"} (targets: most frequent first)
     top_errors: tuple[dict, ...] = ()
 

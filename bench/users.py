@@ -9,7 +9,7 @@ to a cap on requests in flight; an arrival that finds the cap reached starts lat
 counted, so a stalled endpoint shows up instead of silently slowing the load down.
 
 Each request fires ``events.request`` with ``context["bench"] = (sent_at, target, status,
-error, users, message, cut_off)``; ``bench.collect`` turns those into requests.csv rows. When
+error, users, message, cut_off, cold)``; ``bench.collect`` turns those into requests.csv rows. When
 the run ends, users finish the request in flight (Locust's ``stop_timeout``: the run's drain
 timeout); one still in flight when the drain ends (its greenlet killed) fires as cut off, so
 no request that was sent goes unrecorded.
@@ -151,7 +151,7 @@ class BenchUser(User):
             self.environment.events.request.fire(
                 request_type="POST", name=target or "invocations", response_time=waited_ms, response_length=0,
                 exception=None, context={"bench": (sent_at, target or "", 0, CUT_OFF, users,
-                                                   "still in flight when the drain timeout ended the run", 1)},
+                                                   "still in flight when the drain timeout ended the run", 1, None)},
                 response=None, url=None)
             raise
         finally:
@@ -159,7 +159,8 @@ class BenchUser(User):
         self.environment.events.request.fire(
             request_type="POST", name=target or "invocations", response_time=result.latency_ms,
             response_length=result.response_bytes, exception=None if result.ok else InvokeFailed(result),
-            context={"bench": (sent_at, target or "", result.status, result.error, users, result.message, 0)},
+            context={"bench": (sent_at, target or "", result.status, result.error, users, result.message, 0,
+                               result.cold)},
             response=None, url=None,
         )
 

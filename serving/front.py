@@ -27,6 +27,7 @@ from serving import errors_sagemaker as sm
 from serving import outcomes as out
 from serving import sigv4_verify as sigv4
 from serving.endpoint import EndpointConfig, MultiModelEndpoint
+from serving.reply_headers import cold_headers
 
 TARGET_HEADER = "X-Amzn-SageMaker-Target-Model"
 VARIANT_HEADER = "X-Amzn-SageMaker-Target-Variant"
@@ -131,7 +132,9 @@ async def invocations(request: web.Request) -> web.Response:
     endpoint.metrics.request(target or "", reply.status, model_us=outcome.model_s * 1e6,
                              total_us=(time.perf_counter() - start) * 1e6,
                              wait_us=outcome.wait_s * 1e6, hit=outcome.hit)
-    return _response(reply)
+    response = _response(reply)
+    response.headers.update(cold_headers(outcome.hit, outcome.wait_s))  # ours, not SageMaker's: cold or warm
+    return response
 
 
 def _verify(request: web.Request, body: bytes, credentials: sigv4.Credentials) -> sm.HttpReply | None:

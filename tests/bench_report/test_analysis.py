@@ -205,3 +205,64 @@ def test_last_request_row_cut_short_is_left_out(tmp_path):
     s = analyse(run_dir)
     assert s.overall.requests == 23
     assert any("line 25 was cut short" in w for w in s.warnings)
+
+
+def test_headlines_overall_percentiles_sustained_throughput_and_models_named_as_such(tmp_path):
+    b = RunBuilder(tmp_path / "run")
+    first, second = b.stage(10, 0.0, 10.0), b.stage(20, 10.0, 20.0)
+    b.ok(first, [10.0, 20.0, 30.0, 40.0])
+    b.ok(second, [50.0, 60.0])
+    run_dir = b.write(models_loaded=2, copies=10)
+    b.metrics(-1, {"ModelLoads": 5}, at="start")  # loads before the run are not the run's
+    b.metrics(first, {"ModelLoads": 8}, loaded=3)
+    b.metrics(second, {"ModelLoads": 9}, loaded=2)
+    o = analyse(run_dir).overall
+    # 10..60 step 10: h = 5q/100 -> p50 35, p95 57.5, p99 59.5
+    assert (o.latency_p50_ms, o.latency_p95_ms, o.latency_p99_ms) == approx((35.0, 57.5, 59.5))
+    assert o.sustained_rps == approx(6 / 20)
+    assert (o.copies_targeted, o.model_loads, o.models_loaded) == (10, 4, 2)
+
+
+def test_a_burst_stage_is_not_a_sustained_error_free_throughput(tmp_path):
+    b = RunBuilder(tmp_path / "run")
+    held, burst = b.stage(10, 0.0, 10.0), b.stage(20, 10.0, 13.0)
+    b.ok(held, [10.0] * 10)  # 1 request/s for 10 s
+    b.ok(burst, [10.0] * 30)  # 10 requests/s for 3 s
+    o = analyse(b.write()).overall
+    assert o.max_error_free_rps == approx(1.0) and o.max_error_free_rps_users == 10
+
+
+def test_stages_where_no_request_finished_end_the_no_failure_claim(tmp_path):
+    from bench.render import max_users_text
+
+    b = RunBuilder(tmp_path / "run")
+    answered, silent = b.stage(140, 0.0, 10.0), b.stage(160, 10.0, 20.0)
+    b.stage(200, 20.0, 30.0)
+    b.ok(answered, [10.0, 20.0])
+    assert silent == 1
+    s = analyse(b.write())
+    assert s.overall.unanswered_stages == (1, 2) and not s.overall.failed
+    assert s.overall.max_users_without_failure == 140
+    text = max_users_text(s)
+    assert "no failure in the run" not in text and "no request finished at 160, 200 users" in text
+
+
+def test_cold_requests_are_told_apart_and_warm_percentiles_leave_them_out(tmp_path):
+    from bench.results import RequestRecord
+
+    b = RunBuilder(tmp_path / "run")
+    stage = b.stage(10, 0.0, 10.0)
+    for i, (latency, cold) in enumerate([(4000.0, 1), (3000.0, 1), (10.0, 0), (20.0, 0), (30.0, 0), (40.0, 0)]):
+        b.requests.append(RequestRecord(0.1 * i, stage, 10, "m-v1.tar.gz", latency, 1, 200, "", "host:1", cold=cold))
+    s = analyse(b.write())
+    st, o = s.stages[0], s.overall
+    assert st.cold_requests == 2 and o.cold_requests == 2 and o.cold_method
+    assert (st.warm_p50_ms, st.warm_p95_ms) == approx((25.0, 38.5))  # 10..40 only
+    assert (st.cold_p50_ms, st.cold_max_ms) == approx((3500.0, 4000.0))
+    assert st.latency_p95_ms > 3000  # the all-requests figure keeps them, next to the warm one
+    assert (o.warm_p50_ms, o.cold_max_ms) == approx((25.0, 4000.0))
+
+
+def test_an_endpoint_that_does_not_say_leaves_cold_unknown(tmp_path):
+    o = analyse(staged_run(tmp_path / "run")).overall
+    assert o.cold_requests is None and o.cold_method is None and o.warm_p50_ms is None

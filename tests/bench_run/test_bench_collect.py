@@ -26,16 +26,17 @@ def test_records_get_the_stage_and_users_of_the_moment_they_were_sent(tmp_path):
     collector.note_users(1.0, 10)
     collector.begin_stage(1, 2.0, 20, 1)
     collector.note_users(2.5, 20)
-    # (sent_at, target, status, error, users on that worker, latency_ms, message, cut_off)
-    collector.add("host:1", [(T0 + 0.7, "m-v1.tar.gz", 200, "", 3, 12.0, "", 0),
-                             (T0 + 2.6, "m-v2.tar.gz", 424, "ModelError", 9, 5.0, "bad input", 0)])
-    collector.add("host:2", [(T0 + 1.5, "m-v1.tar.gz", 200, "", 2, 30.0, "", 0),
-                             (T0 + 2.9, "m-v1.tar.gz", 0, "CutOff", 20, 900.0, "still in flight", 1)])
+    # (sent_at, target, status, error, users on that worker, latency_ms, message, cut_off, cold)
+    collector.add("host:1", [(T0 + 0.7, "m-v1.tar.gz", 200, "", 3, 12.0, "", 0, 1),
+                             (T0 + 2.6, "m-v2.tar.gz", 424, "ModelError", 9, 5.0, "bad input", 0, None)])
+    collector.add("host:2", [(T0 + 1.5, "m-v1.tar.gz", 200, "", 2, 30.0, "", 0, 0),
+                             (T0 + 2.9, "m-v1.tar.gz", 0, "CutOff", 20, 900.0, "still in flight", 1, None)])
     collector.close()
     rows = list(read_requests(tmp_path))
     assert [(r.stage, r.users, r.ok, r.worker, r.cut_off) for r in rows] == [
         (0, 6, 1, "host:1", 0), (1, 20, 0, "host:1", 0), (0, 10, 1, "host:2", 0), (1, 20, 0, "host:2", 1)]
     assert rows[1].message == "bad input"
+    assert [r.cold for r in rows] == [1, None, 0, None]  # cold, unknown (the endpoint did not say), warm
     assert collector.first_failure.error == "ModelError"
     assert collector.stats[0].requests == 2 and collector.stats[1].failures == 1
     # a request cut off by the drain is counted apart: not a failure, no latency

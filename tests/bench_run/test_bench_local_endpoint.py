@@ -15,6 +15,7 @@ import pytest
 
 from bench.results import ENDPOINT_METRICS_FILE, REQUESTS_FILE, RUN_FILE, STAGES_FILE
 from tests.bench_run.helpers import ROOT, bench_env, free_port, run_bench, saved_run
+from serving.reply_headers import COLD_HEADER
 from tests.conftest import serving_process
 
 STARTUP_TIMEOUT_S = 60.0
@@ -38,14 +39,15 @@ def warm_up(url: str, artifact_dir) -> None:
     a warm endpoint and every copy is loaded when it snapshots the metrics."""
     body = (artifact_dir / "sample_request.json").read_bytes()
 
-    def invoke(i: int) -> int:
+    def invoke(i: int) -> tuple[int, str | None]:
         request = urllib.request.Request(f"{url}/endpoints/local/invocations", data=body, method="POST", headers={
             "Content-Type": "application/json", "X-Amzn-SageMaker-Target-Model": f"test_resnet-v{i}.tar.gz"})
         with urllib.request.urlopen(request, timeout=STARTUP_TIMEOUT_S) as response:
-            return response.status
+            return response.status, response.headers.get(COLD_HEADER)
 
-    with ThreadPoolExecutor(3) as pool:
-        assert list(pool.map(invoke, (1, 2, 3))) == [200, 200, 200]
+    with ThreadPoolExecutor(3) as pool:  # each copy's first request waits for its load: cold, and said so
+        assert list(pool.map(invoke, (1, 2, 3))) == [(200, "1")] * 3
+    assert invoke(1) == (200, "0")
 
 
 def test_short_bench_against_the_local_endpoint(local_endpoint, tmp_path):
@@ -73,6 +75,7 @@ def test_short_bench_against_the_local_endpoint(local_endpoint, tmp_path):
     # requests.csv: every request answered, spread over the three copies
     assert len(run.requests) > 30
     assert all(r.ok == 1 and r.status == 200 and r.error == "" for r in run.requests)
+    assert all(r.cold == 0 for r in run.requests)  # warmed up: the endpoint says each request was warm
     targets = Counter(r.target for r in run.requests)
     assert set(targets) == {f"test_resnet-v{i}.tar.gz" for i in (1, 2, 3)}
     assert min(targets.values()) >= len(run.requests) / 8
@@ -87,9 +90,13 @@ def test_short_bench_against_the_local_endpoint(local_endpoint, tmp_path):
     assert run.stages[1].end_t == pytest.approx(6, abs=0.4)
     assert all(0 < s.generator_cpu_max < 90 and s.saturated == 0 for s in run.stages)
 
-    # endpoint_metrics.jsonl: the local endpoint's /metrics.json before the run and at each stage end
-    assert [(m["stage"], m["at"]) for m in run.metrics] == [(-1, "start"), (0, "end"), (1, "end")]
+    # endpoint_metrics.jsonl: the local endpoint's /metrics.json before the run, at each stage end,
+    # and the last stage's again once the drain is over
+    assert [(m["stage"], m["at"]) for m in run.metrics] == [(-1, "start"), (0, "end"), (1, "end"), (1, "end")]
     assert run.metrics[0]["t"] <= 0 < run.metrics[1]["t"]
+    served = (run.metrics[-1]["snapshot"]["counts"]["Invocations"]
+              - run.metrics[0]["snapshot"]["counts"].get("Invocations", 0))
+    assert served == len(run.requests)  # every request the endpoint answered during the run is recorded
     last = run.metrics[-1]["snapshot"]
     assert last["gauges"]["LoadedModelCount"] == 3
     assert len(last["loaded_models"]) == 3
