@@ -27,45 +27,25 @@ positive_int = int_at_least(1)
 non_negative_int = int_at_least(0)
 
 
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
+def float_where(accept: Callable[[float], bool], expected: str) -> Callable[[str], float]:
+    """An argparse type: a finite number that ``accept`` takes, else "must be <expected>"."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and accept(value)):
+            raise argparse.ArgumentTypeError(f"must be {expected}, got {text!r}")
+        return value
+
+    return parse
 
 
-def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not (value >= 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a number of 0 or more, got {text!r}")
-    return value
-
-
-def share(text: str) -> float:
-    """A share in [0, 1] (0 allowed, unlike :func:`fraction`)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"must be a share between 0 and 1, got {text!r}")
-    return value
-
-
-def fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1], got {text!r}")
-    return value
+positive_float = float_where(lambda v: v > 0, "a positive number")
+non_negative_float = float_where(lambda v: v >= 0, "a number of 0 or more")
+share = float_where(lambda v: 0 <= v <= 1, "a share between 0 and 1")  # 0 allowed, unlike fraction
+fraction = float_where(lambda v: 0 < v <= 1, "a fraction in (0, 1]")
 
 
 def byte_size(text: str) -> int:

@@ -23,10 +23,9 @@ answer at all (connection refused or dropped, a timeout) is :class:`ContainerUnr
 (:class:`ContainerTimedOut`), whichever HTTP library asked.
 
 This module is the one place that knows the wire protocol: the paths, the target header,
-Triton's error bodies, and how to reach a server whose base URL is ``http+netns://<broker>:<port>``
-(Triton in a private network namespace, serving/triton/netns.py): its sockets are made inside
-the namespace by a broker and handed over a Unix socket, then used directly;
-:func:`http_session` for ``requests``, :func:`aiohttp_connector` for aiohttp. :class:`ContainerClient` makes the management calls (blocking, on
+Triton's error bodies. How a connection reaches the server (plain TCP, or a socket from the
+broker of Triton's private network namespace: ``http+netns://`` URLs) is
+serving/container_transport.py's. :class:`ContainerClient` makes the management calls (blocking, on
 ``requests``; :class:`ContainerControl` runs them off an event loop, each on its own
 connection); serving/forward.py sends the invocations on aiohttp through :func:`invoke_path`,
 :func:`invoke_headers` and :func:`unreachable`.
@@ -41,22 +40,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import socket
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, TypeVar
-from urllib.parse import quote, unquote, urlsplit
+from typing import Callable, Iterator, Mapping, TypeVar
+from urllib.parse import quote
 
 import requests
-from requests.adapters import HTTPAdapter
 from requests.structures import CaseInsensitiveDict
-from urllib3.connection import HTTPConnection
-from urllib3.connectionpool import HTTPConnectionPool
-from urllib3.exceptions import NewConnectionError
 
-if TYPE_CHECKING:
-    import aiohttp
+from serving.container_transport import http_session
 
 DEFAULT_TIMEOUT_S = 60.0
 TARGET_HEADER = "X-Amzn-SageMaker-Target-Model"
@@ -80,110 +72,6 @@ def unreachable(exc: BaseException) -> ContainerUnreachable:
     """``exc``, an HTTP library's failure to get an answer, as this module's exception (same message)."""
     timed_out = isinstance(exc, (TimeoutError, requests.Timeout))
     return (ContainerTimedOut if timed_out else ContainerUnreachable)(str(exc))
-
-
-NETNS_SCHEME = "http+netns"  # http+netns://<percent-encoded broker socket>:<port>/path
-
-
-def netns_url(broker: str | os.PathLike, port: int) -> str:
-    """The base URL of a server on ``127.0.0.1:port`` inside a network namespace, whose sockets
-    come from the broker listening on the Unix socket ``broker`` (serving/triton/netns_broker.py)."""
-    return f"{NETNS_SCHEME}://{quote(os.fspath(broker), safe='')}:{port}"
-
-
-def netns_address(base_url: str) -> tuple[str, int] | None:
-    """(broker socket, port) of an ``http+netns://`` URL; None for any other URL."""
-    parts = urlsplit(base_url)
-    if parts.scheme != NETNS_SCHEME:
-        return None
-    broker, _, port = parts.netloc.rpartition(":")
-    return unquote(broker), int(port)
-
-
-def netns_socket(broker: str, timeout_s: float | None = None) -> socket.socket:
-    """A new, unconnected TCP socket made inside the namespace, from its broker (connect it to
-    ``127.0.0.1:<port>``: it reaches that namespace's loopback). OSError when the broker is gone."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as unix:
-        unix.settimeout(timeout_s)
-        unix.connect(broker)
-        _, fds, _, _ = socket.recv_fds(unix, 16, 1)
-    if not fds:
-        raise ConnectionResetError(f"the socket broker {broker} sent no socket")
-    return socket.socket(fileno=fds[0])
-
-
-class NamespaceConnection(HTTPConnection):
-    """urllib3's HTTP connection over a socket from the namespace's broker."""
-
-    def __init__(self, host: str, port: int | None = None, *, broker: str, **options: Any) -> None:
-        super().__init__(host, port, **options)
-        self.broker = broker
-
-    def _new_conn(self) -> socket.socket:
-        timeout = self.timeout if isinstance(self.timeout, (int, float)) else None
-        try:
-            sock = netns_socket(self.broker, timeout)
-            for option in self.socket_options or ():  # TCP_NODELAY, as urllib3 sets it on its own sockets
-                sock.setsockopt(*option)
-            sock.settimeout(timeout)
-            sock.connect(("127.0.0.1", self.port or 80))
-        except OSError as exc:
-            raise NewConnectionError(self, f"cannot connect to 127.0.0.1:{self.port} through {self.broker}: "
-                                           f"{exc}") from exc
-        return sock
-
-
-class NamespacePool(HTTPConnectionPool):
-    ConnectionCls = NamespaceConnection
-
-
-class NamespaceAdapter(HTTPAdapter):
-    """``requests`` transport for ``http+netns://`` URLs: one connection pool per broker and port."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._namespace_pools: dict[tuple[str, int], NamespacePool] = {}
-
-    def get_connection_with_tls_context(self, request, verify, proxies=None, cert=None) -> NamespacePool:
-        address = netns_address(request.url)
-        if address is None:
-            raise requests.exceptions.InvalidURL(f"not an {NETNS_SCHEME} URL: {request.url}")
-        pool = self._namespace_pools.get(address)
-        if pool is None:
-            broker, port = address
-            pool = self._namespace_pools.setdefault(address, NamespacePool("localhost", port, broker=broker,
-                                                                            maxsize=self._pool_maxsize))
-        return pool
-
-    def request_url(self, request, proxies) -> str:
-        return request.path_url
-
-    def close(self) -> None:
-        for pool in self._namespace_pools.values():
-            pool.close()
-        self._namespace_pools.clear()
-        super().close()
-
-
-def http_session() -> requests.Session:
-    """A ``requests`` session that reaches ``http://`` and ``http+netns://`` URLs alike."""
-    session = requests.Session()
-    session.mount(f"{NETNS_SCHEME}://", NamespaceAdapter())
-    return session
-
-
-def aiohttp_connector(base_url: str, **options: Any) -> tuple[aiohttp.BaseConnector, str]:
-    """An aiohttp connector for ``base_url`` and the base URL to use with it; ``options`` go to
-    the connector. For an ``http+netns://`` URL the connector's sockets come from the broker
-    (aiohttp's ``socket_factory``) and the base URL is ``http://127.0.0.1:<port>``."""
-    import aiohttp
-
-    address = netns_address(base_url)
-    if address is None:
-        return aiohttp.TCPConnector(**options), base_url.rstrip("/")
-    broker, port = address
-    return (aiohttp.TCPConnector(socket_factory=lambda _addr_info: netns_socket(broker, 10.0), **options),
-            f"http://127.0.0.1:{port}")
 
 
 def model_path(name: str) -> str:

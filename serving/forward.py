@@ -35,7 +35,8 @@ from typing import Callable, Mapping
 import aiohttp
 
 from serving.cache_entries import cache_key
-from serving.container import aiohttp_connector, invoke_headers, invoke_path, unreachable
+from serving.container import invoke_headers, invoke_path, unreachable
+from serving.container_transport import aiohttp_connector
 
 MIN_HEDGE_S = 0.05  # never send a second copy sooner than this
 HEDGE_FACTOR = 4.0  # ... or sooner than this many times the target's usual latency

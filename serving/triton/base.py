@@ -84,7 +84,7 @@ class TritonServer(abc.ABC):
         self._dropped: list[str] = []  # serve arguments this tritonserver lacks (last command())
         self.swept: list[int] = []  # orphans of earlier runs killed by the last start()
         check_network(self.requested_config.network)
-        # Triton's ports behind Unix sockets in a network namespace of its own (set by start()
+        # Triton in a network namespace of its own, its sockets from a broker (set by start()
         # when this kind and config.network ask for it; kept across restarts).
         self.network: PrivateNetwork | None = None
 

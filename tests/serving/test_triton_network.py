@@ -24,7 +24,7 @@ import pytest
 import requests
 
 from mme.process import child_env
-from serving.container import NamespaceConnection, http_session, netns_address, netns_socket, netns_url
+from serving.container_transport import NamespaceConnection, http_session, netns_address, netns_socket, netns_url
 from serving.triton import netns
 from serving.triton.config import free_ports
 from serving.triton.netns import IsolationUnavailable, PrivateNetwork, namespace_support
