@@ -4,9 +4,10 @@ never touched, so this is safe in any process and needs no display).
 * :func:`run_chart` — the first article's per-run figure: top, p50/p95 latency and
   throughput against concurrent users; bottom, successful and failed requests per user
   level. Stages where the load generator was saturated are shaded and flagged.
-* :func:`comparison_chart` — two or more runs side by side on the article's four metrics
-  (copies loaded, lowest latency, max throughput, max users before the first failure),
-  each normalised to the best run = 1.0, higher is better, raw values written on the bars.
+* :func:`comparison_chart` — two or more runs side by side, like for like: p95 latency and
+  throughput at the highest user level every run held, models resident at the end, max users
+  before the first failure; each normalised to the best run = 1.0, higher is better, raw
+  values written on the bars.
 * :func:`endpoint_chart` — model loads and evictions per stage, with LoadedModelCount.
 * :func:`cloudwatch_chart` — the endpoint's CloudWatch metrics (``mme metrics``) over time.
 """
@@ -18,6 +19,8 @@ import math
 from collections import Counter
 from datetime import datetime
 from typing import TYPE_CHECKING, Callable, Sequence
+
+from bench.summary_records import common_users, stage_with_users
 
 if TYPE_CHECKING:  # matplotlib is imported when a chart is drawn, not when this module is
     from matplotlib.axes import Axes
@@ -192,7 +195,6 @@ def endpoint_chart(summary: "RunSummary") -> bytes:
 
 # -- comparison ---------------------------------------------------------------------------
 
-_Getter = Callable[["RunSummary"], "float | None"]
 
 
 def _max_users_text(summary: "RunSummary") -> str:
@@ -202,14 +204,28 @@ def _max_users_text(summary: "RunSummary") -> str:
     return f"≥{value}" if not summary.overall.failed else str(value)
 
 
-COMPARISON_METRICS: tuple[tuple[str, _Getter, bool, Callable[["RunSummary"], str]], ...] = (
-    ("models resident\nat the end", lambda s: s.overall.models_loaded, True,
-     lambda s: "n/a" if s.overall.models_loaded is None else str(s.overall.models_loaded)),
-    ("lowest latency\n(stage p50, ms; lower is better)", lambda s: s.overall.lowest_p50_ms, False,
-     lambda s: "n/a" if s.overall.lowest_p50_ms is None else f"{s.overall.lowest_p50_ms:.1f} ms"),
-    ("max error-free throughput\n(requests/s)", lambda s: s.overall.max_error_free_rps, True,
-     lambda s: "n/a" if s.overall.max_error_free_rps is None else f"{s.overall.max_error_free_rps:.1f}/s"),
-    ("max users before\nfirst failure", lambda s: s.overall.max_users_without_failure, True, _max_users_text),
+def _at_level(summary: "RunSummary", users: int | None, field: str) -> float | None:
+    stage = stage_with_users(summary, users)
+    return None if stage is None else getattr(stage, field)
+
+
+def _text(value: float | None, pattern: str) -> str:
+    return "n/a" if value is None else pattern.format(value)
+
+
+# Like for like: latency and throughput at the highest user level every run held (common_users);
+# then the models resident at the end and the users reached before the first failure.
+# (label, value of a run at the common level, higher is better, text on the bar)
+COMPARISON_METRICS: tuple[tuple[str, Callable[["RunSummary", int | None], "float | None"], bool,
+                                Callable[["RunSummary", int | None], str]], ...] = (
+    ("p95 at {users} users\n(ms; lower is better)", lambda s, u: _at_level(s, u, "latency_p95_ms"), False,
+     lambda s, u: _text(_at_level(s, u, "latency_p95_ms"), "{:.1f} ms")),
+    ("throughput at {users} users\n(requests/s)", lambda s, u: _at_level(s, u, "requests_per_s"), True,
+     lambda s, u: _text(_at_level(s, u, "requests_per_s"), "{:.1f}/s")),
+    ("models resident\nat the end", lambda s, u: s.overall.models_loaded, True,
+     lambda s, u: "n/a" if s.overall.models_loaded is None else str(s.overall.models_loaded)),
+    ("max users before\nfirst failure", lambda s, u: s.overall.max_users_without_failure, True,
+     lambda s, u: _max_users_text(s)),
 )
 
 
@@ -236,15 +252,17 @@ def comparison_chart(summaries: Sequence["RunSummary"]) -> bytes:
     ax = fig.add_subplot()
     colours = [f"C{i % 10}" for i in range(len(summaries))]
     width = 0.8 / len(summaries)
+    users = common_users(list(summaries))
     for j, (_, getter, higher, text) in enumerate(COMPARISON_METRICS):
-        scores = normalised([getter(s) for s in summaries], higher)
+        scores = normalised([getter(s, users) for s in summaries], higher)
         for i, (summary, score) in enumerate(zip(summaries, scores)):
             xpos = j - 0.4 + width * (i + 0.5)
             ax.bar(xpos, score or 0.0, width * 0.92, color=colours[i], label=labels[i] if j == 0 else None)
-            ax.annotate(text(summary), (xpos, score or 0.0), textcoords="offset points", xytext=(0, 3),
+            ax.annotate(text(summary, users), (xpos, score or 0.0), textcoords="offset points", xytext=(0, 3),
                         ha="center", va="bottom", fontsize=8, rotation=90 if len(summaries) > 4 else 0)
     ax.set_xticks(range(len(COMPARISON_METRICS)))
-    ax.set_xticklabels([name for name, *_ in COMPARISON_METRICS], fontsize=9)
+    shared = "no shared" if users is None else str(users)
+    ax.set_xticklabels([name.format(users=shared) for name, *_ in COMPARISON_METRICS], fontsize=9)
     ax.set_ylim(0, 1.3)
     ax.set_ylabel("relative to best run")
     ax.axhline(1.0, color="black", linewidth=0.6, alpha=0.5)

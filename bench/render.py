@@ -10,7 +10,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from bench.summary_records import LATENCY_OF, NONE, PERCENTILE_METHOD, RunSummary, StageSummary, top_errors_text
+from bench.summary_records import (
+    LATENCY_OF,
+    NONE,
+    PERCENTILE_METHOD,
+    RunSummary,
+    StageSummary,
+    common_users,
+    stage_with_users,
+    top_errors_text,
+)
 from bench.charts import distinct_labels
 from bench.sizing import Sizing
 
@@ -161,14 +170,18 @@ def overall_rows(summary: RunSummary) -> list[tuple[str, str]]:
 
 
 def comparison_rows(summaries: Sequence[RunSummary]) -> tuple[list[str], list[list[str]]]:
-    header = ["run", "instance", "format", "models resident at the end", "lowest p50 ms", "min latency ms",
-              "max error-free req/s", "max users before first failure", "users at first failure", "stopped"]
-    rows = [
-        [label, s.run.instance_type or NONE, s.run.format or NONE, fmt(s.overall.models_loaded),
-         fmt(s.overall.lowest_p50_ms), fmt(s.overall.min_latency_ms), fmt(s.overall.max_error_free_rps, 2),
-         max_users_text(s), fmt(s.overall.first_failure_users), s.overall.stopped_reason or NONE]
-        for label, s in zip(distinct_labels(summaries), summaries)
-    ]
+    users = common_users(list(summaries))  # like for like: the highest user level every run held
+    level = "no shared user level" if users is None else f"{users} users"
+    header = ["run", "instance", "format", f"p95 ms at {level}", f"req/s at {level}", "models resident at the end",
+              "lowest p50 ms", "max error-free req/s", "max users before first failure", "users at first failure",
+              "stopped"]
+    rows = []
+    for label, s in zip(distinct_labels(summaries), summaries):
+        stage = stage_with_users(s, users)
+        rows.append([label, s.run.instance_type or NONE, s.run.format or NONE,
+                     fmt(stage.latency_p95_ms if stage else None), fmt(stage.requests_per_s if stage else None, 2),
+                     fmt(s.overall.models_loaded), fmt(s.overall.lowest_p50_ms), fmt(s.overall.max_error_free_rps, 2),
+                     max_users_text(s), fmt(s.overall.first_failure_users), s.overall.stopped_reason or NONE])
     return header, rows
 
 

@@ -183,3 +183,17 @@ def rounded(data: dict[str, Any], digits: int = 4) -> dict[str, Any]:
     """A record's fields as saved: floats to ``digits`` places, tuples as lists."""
     return {k: (round(v, digits) if isinstance(v, float) else list(v) if isinstance(v, tuple) else v)
             for k, v in data.items()}
+
+
+def common_users(summaries: "list[RunSummary] | tuple[RunSummary, ...]") -> int | None:
+    """The highest user level every run held: a stage not cut short in which requests finished.
+    Runs compared there are compared like for like; None when they share no such level."""
+    levels = [{s.users for s in r.stages if s.requests and not s.partial} for r in summaries]
+    shared = set.intersection(*levels) if levels else set()
+    return max(shared) if shared else None
+
+
+def stage_with_users(summary: RunSummary, users: int | None) -> StageSummary | None:
+    """The run's last stage at ``users`` (not cut short, requests finished), if any."""
+    held = [s for s in summary.stages if s.users == users and s.requests and not s.partial]
+    return held[-1] if held else None

@@ -46,3 +46,28 @@ def test_sizing_notes_for_saturated_stage_and_measured_instances(tmp_path):
     saturated.ok(0, [10.0] * 5)
     z = size(analyse(saturated.write()), 10, 100)
     assert any("saturated" in note for note in z.notes)
+
+
+def test_runs_are_compared_at_the_highest_user_level_every_run_held(tmp_path):
+    """A short run (10, 20 users) and a long one (10, 20, 40 users) compare at 20 users: the
+    long run's 40-user stage, which the short one never reached, is not set against its 20."""
+    from bench.analysis import analyse
+    from bench.render import comparison_rows
+    from bench.summary_records import common_users, stage_with_users
+    from tests.bench_report.runs import RunBuilder
+
+    short = RunBuilder(tmp_path / "short")
+    for users, start in ((10, 0.0), (20, 10.0)):
+        short.ok(short.stage(users, start, start + 10.0), [10.0] * 10)
+    long = RunBuilder(tmp_path / "long")
+    for users, start, latency in ((10, 0.0, 20.0), (20, 10.0, 30.0), (40, 20.0, 90.0)):
+        long.ok(long.stage(users, start, start + 10.0), [latency] * 20)
+    summaries = [analyse(short.write()), analyse(long.write())]
+    assert common_users(summaries) == 20
+    assert [stage_with_users(s, 20).latency_p95_ms for s in summaries] == pytest.approx([10.0, 30.0])
+    header, rows = comparison_rows(summaries)
+    assert header[3:5] == ["p95 ms at 20 users", "req/s at 20 users"]
+    assert [row[3:5] for row in rows] == [["10.0", "1.00"], ["30.0", "2.00"]]
+    from bench.charts import comparison_chart
+
+    assert comparison_chart(summaries).startswith(b"\x89PNG")  # the chart draws at the shared level too
