@@ -8,6 +8,7 @@ Every request these tests send goes to 127.0.0.1 or into a namespace they create
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import stat
@@ -17,6 +18,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 import boto3
 import psutil
@@ -28,6 +30,7 @@ from serving.container_transport import NamespaceConnection, http_session, netns
 from serving.triton import netns
 from serving.triton.config import free_ports
 from serving.triton.netns import IsolationUnavailable, PrivateNetwork, namespace_support
+from tests.conftest import serving_process
 from tests.listening import Watch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,35 +38,18 @@ ISOLATION = namespace_support()
 needs_namespaces = pytest.mark.skipif(not ISOLATION.available, reason=f"no network namespaces here: {ISOLATION.problem}")
 
 
-def _serve(models: Path, port: int, *extra: str, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "mme", "serve", "--models", str(models), "--port", str(port),
-                             "--server", "local", *extra], cwd=ROOT, env=env or child_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _serve_command(models: Path, port: int, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "mme", "serve", "--models", str(models), "--port", str(port), "--server", "local",
+            *extra]
 
 
-def _wait_for_ping(url: str, process: subprocess.Popen, timeout_s: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"mme serve exited with {process.returncode}: {process.stderr.read()}")
-        try:
-            if requests.get(f"{url}/ping", timeout=1).status_code == 200:
-                return
-        except requests.ConnectionError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"mme serve did not answer {url}/ping")
-
-
-def _stop(process: subprocess.Popen) -> str:
-    if process.poll() is None:
-        process.terminate()
-    try:
-        _, err = process.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        _, err = process.communicate()
-    return err
+@contextlib.contextmanager
+def _serving(models: Path, port: int, stderr: Path, *extra: str) -> Iterator[subprocess.Popen]:
+    """``mme serve`` running and answering /ping (tests.conftest.serving_process), its stderr in ``stderr``."""
+    with open(stderr, "w") as err, serving_process(_serve_command(models, port, *extra), f"http://127.0.0.1:{port}/ping",
+                                                   what="mme serve", timeout_s=90.0, cwd=ROOT, env=child_env(),
+                                                   stdout=subprocess.DEVNULL, stderr=err, text=True) as process:
+        yield process
 
 
 def _invoke(url: str, packaged) -> None:
@@ -74,18 +60,16 @@ def _invoke(url: str, packaged) -> None:
 
 
 @needs_namespaces
-def test_serve_on_default_options_listens_on_loopback_only_and_triton_in_its_own_network(packaged_test_resnet):
+def test_serve_on_default_options_listens_on_loopback_only_and_triton_in_its_own_network(packaged_test_resnet,
+                                                                                          tmp_path):
     port = free_ports(1)[0]
-    serve = _serve(packaged_test_resnet.directory, port)
     watch = Watch()
-    try:
+    with _serving(packaged_test_resnet.directory, port, tmp_path / "stderr") as serve:
         url = f"http://127.0.0.1:{port}"
-        _wait_for_ping(url, serve)
         _invoke(url, packaged_test_resnet)  # a python-backend stub runs from here on
         watch.look(serve.pid)
         container = requests.get(f"{url}/metrics.json", timeout=10).json()["container"]["url"]
-    finally:
-        err = _stop(serve)
+    err = (tmp_path / "stderr").read_text()
     assert serve.returncode == 0, err
     assert {(s.ip, s.port) for s in watch.listening} == {("127.0.0.1", port)}  # the front, and nothing else
     assert watch.exposed == set()
@@ -113,15 +97,12 @@ def test_tritons_socket_is_for_this_user_only(tmp_path):
     assert not path.exists()
 
 
-def test_triton_network_host_exposes_triton_and_says_so(packaged_test_resnet):
+def test_triton_network_host_exposes_triton_and_says_so(packaged_test_resnet, tmp_path):
     port = free_ports(1)[0]
-    serve = _serve(packaged_test_resnet.directory, port, "--triton-network", "host")
     watch = Watch()
-    try:
-        _wait_for_ping(f"http://127.0.0.1:{port}", serve)
+    with _serving(packaged_test_resnet.directory, port, tmp_path / "stderr", "--triton-network", "host") as serve:
         watch.look(serve.pid)
-    finally:
-        err = _stop(serve)
+    err = (tmp_path / "stderr").read_text()
     assert serve.returncode == 0, err
     exposed = {(s.process, s.ip) for s in watch.exposed}
     assert exposed == {("tritonserver", "0.0.0.0")}  # what the user asked for, seen as such
@@ -160,7 +141,8 @@ def _fake_unshare(directory: Path) -> dict:
 
 def test_without_namespaces_serve_refuses_and_says_how_to_get_isolation(packaged_test_resnet, tmp_path):
     port = free_ports(1)[0]
-    serve = _serve(packaged_test_resnet.directory, port, env=_fake_unshare(tmp_path / "bin"))
+    serve = subprocess.Popen(_serve_command(packaged_test_resnet.directory, port), cwd=ROOT,
+                             env=_fake_unshare(tmp_path / "bin"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = serve.communicate(timeout=120)
     finally:
