@@ -30,6 +30,10 @@ Definitions (also written into ``summary.json``):
   throughput** is every answered request over the run's duration. **Models**: copies
   targeted (the run's), model loads during the run (the endpoint's metrics, where it has
   them) and models resident at the end (its LoadedModelCount), each named as such.
+* **Cold requests** waited for their model to load: the local endpoint says so per request
+  (``cold`` in requests.csv); for SageMaker they are estimated from latency and CloudWatch's
+  ModelLoadingWaitTime where ``mme metrics --run`` saved it (``bench.cold_estimate``).
+  ``cold_method`` in summary.json says which. Warm percentiles are over the others.
 
 This module computes the statistics; the rest lives beside it, each name imported from its home:
 
@@ -48,6 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.cold_estimate import COLD_ESTIMATE_METHOD, estimate_cold
 from bench.endpoint_stages import NO_ENDPOINT, EndpointStage, endpoint_by_stage, read_endpoint_snapshots
 from bench.results import STAGES_FILE, RunInfo, StageRecord
 from bench.run_reader import FirstFailure, StageRequests, read_run_info, read_stage_records, read_stage_requests
@@ -130,7 +135,7 @@ def _top_errors(by_stage: dict[int, StageRequests]) -> tuple[dict, ...]:
 
 def _overall(run: RunInfo, stages: tuple[StageSummary, ...], first: FirstFailure | None,
              min_latency: float | None, endpoint: dict[int, EndpointStage],
-             by_stage: dict[int, StageRequests]) -> Overall:
+             by_stage: dict[int, StageRequests], cold_method: str) -> Overall:
     error_free = [s for s in stages if s.error_free and s.requests_per_s is not None and not s.partial
                   and s.duration_s >= SUSTAINED_MIN_S]
     top = max(error_free, key=lambda s: s.requests_per_s or 0.0, default=None)  # none is None (filtered)
@@ -170,7 +175,7 @@ def _overall(run: RunInfo, stages: tuple[StageSummary, ...], first: FirstFailure
         latency_p99_ms=percentile(latencies, 99), sustained_rps=_rate(requests, duration),
         copies_targeted=run.copies, model_loads=sum(loads) if loads else None,
         unanswered_stages=tuple(s.stage for s in stages if not s.requests),
-        cold_requests=sum(r.cold or 0 for r in told) if known else None, cold_method=COLD_METHOD if known else None,
+        cold_requests=sum(r.cold or 0 for r in told) if known else None, cold_method=cold_method if known else None,
         warm_p50_ms=percentile(warm, 50), warm_p95_ms=percentile(warm, 95), warm_p99_ms=percentile(warm, 99),
         cold_p50_ms=percentile(cold, 50), cold_p95_ms=percentile(cold, 95), cold_max_ms=percentile(cold, 100),
     )
@@ -181,7 +186,9 @@ def analyse(run_dir: Path | str) -> RunSummary:
     run_dir = Path(run_dir)
     run = read_run_info(run_dir)
     warnings: list[str] = []
-    by_stage, first = read_stage_requests(run_dir, warnings)
+    estimated_cold = estimate_cold(run_dir, run, warnings)
+    by_stage, first = read_stage_requests(run_dir, warnings, estimated_cold)
+    cold_method = COLD_METHOD if estimated_cold is None else COLD_ESTIMATE_METHOD
     records = read_stage_records(run_dir)
     if records is None:
         warnings.append(f"no {STAGES_FILE}: stage timing reconstructed from requests; generator CPU unknown")
@@ -209,7 +216,7 @@ def analyse(run_dir: Path | str) -> RunSummary:
     if not any(s.requests for s in stages):
         warnings.append("no requests recorded")
     successful = [s.latency_min_ms for s in stages if s.latency_min_ms is not None]
-    overall = _overall(run, stages, first, min(successful, default=None), endpoint, by_stage)
+    overall = _overall(run, stages, first, min(successful, default=None), endpoint, by_stage, cold_method)
     if overall.cut_off:
         warnings.append(f"{overall.cut_off} request(s) were still in flight when the drain ended the run: recorded "
                         "as cut off (cut_off in requests.csv), counted in no latency or failure figure")

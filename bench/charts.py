@@ -17,9 +17,9 @@ from __future__ import annotations
 import io
 import math
 from collections import Counter
-from datetime import datetime
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from bench.cloudwatch_data import cloudwatch_series, utc_time
 from bench.summary_records import common_users, stage_with_users
 
 if TYPE_CHECKING:  # matplotlib is imported when a chart is drawn, not when this module is
@@ -299,38 +299,6 @@ CLOUDWATCH_PANELS: tuple[tuple[str, str, tuple[tuple[str, str, str, str], ...]],
 )
 # drawn on the right axis of the "models" panel: ModelCacheHit's Average is the hit ratio (0..1)
 CLOUDWATCH_HIT_RATIO = ("ModelCacheHit", "Average")
-_UNIT_SCALE = {"microseconds": 1e-3, "milliseconds": 1.0, "seconds": 1e3}
-
-
-def _utc_time(text: str) -> datetime:
-    from datetime import timezone
-
-    moment = datetime.fromisoformat(str(text).strip().replace("Z", "+00:00"))
-    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment
-
-
-def cloudwatch_series(data: object) -> tuple[int, dict[tuple[str, str], list[tuple[datetime, float]]]]:
-    """The period and the datapoints of a ``cloudwatch_metrics.json`` (as ``mme metrics``
-    writes it, ``serving.deploy.cloudwatch.to_json``), keyed by (metric, stat), values in the
-    chart's units (latencies in ms). Raises ValueError on anything malformed."""
-    if not isinstance(data, dict):
-        raise ValueError("not a JSON object")
-    if data.get("schema_version") != 1:
-        raise ValueError(f"schema version {data.get('schema_version')!r}, this mme reads 1")
-    period = data.get("period_s", 60)
-    series = data.get("series")
-    if not isinstance(series, list) or isinstance(period, bool) or not isinstance(period, int) or period <= 0:
-        raise ValueError("no 'series' list or no positive 'period_s'")
-    out: dict[tuple[str, str], list[tuple[datetime, float]]] = {}
-    for n, s in enumerate(series):
-        try:
-            # SampleCount counts datapoints whatever the metric's unit
-            scale = 1.0 if s["stat"] == "SampleCount" else _UNIT_SCALE.get(s.get("unit"), 1.0)
-            points = [(_utc_time(t), float(v) * scale) for t, v in s["points"]]
-            out[(str(s["metric"]), str(s["stat"]))] = sorted(points, key=lambda p: p[0])
-        except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"series {n} malformed ({type(exc).__name__}: {exc})") from None
-    return period, out
 
 
 def cloudwatch_chart(summary: "RunSummary", data: object) -> bytes:
@@ -343,7 +311,7 @@ def cloudwatch_chart(summary: "RunSummary", data: object) -> bytes:
     if not moments:
         raise ValueError("no datapoints")
     try:
-        origin = _utc_time(summary.run.started_at)
+        origin = utc_time(summary.run.started_at)
         stage_starts = [(s.start_t / 60.0, s.users) for s in summary.stages]
         x_label = "minutes since the run started (vertical lines: stage starts; top: users per stage)"
     except (TypeError, ValueError):

@@ -58,9 +58,12 @@ def setup_logging(prefix: str) -> None:
 
 
 def _payload(recorder: Recorder, final: bool) -> dict:
+    # "at" and "in_flight" (when each request not answered yet was sent) are taken with the
+    # records: every request sent before "at" is either in these records (or earlier ones) or in flight.
+    at, in_flight = time.time(), list(STATE.in_flight.values())
     records, cpu = recorder.drain()
     return {"worker": recorder.worker, "records": records, "cpu": [asdict(s) for s in cpu],
-            "open_loop": STATE.open_loop.as_dict(), "final": final}
+            "open_loop": STATE.open_loop.as_dict(), "final": final, "at": at, "in_flight": in_flight}
 
 
 def attach_worker(environment, runner, on_configured: Callable[[], None] | None = None,
@@ -144,6 +147,8 @@ class MasterLink:
         self.finals: set[str] = set()
         self.configured: set[str] = set()  # workers that asked for (and were sent) the configuration
         self.open_loop: dict[str, dict] = {}
+        # each worker's latest report: when it was made and when its requests still in flight were sent
+        self.in_flight: dict[str, tuple[float, list[float]]] = {}
         config_data = config.to_dict()
 
         def on_connect(client_id, **_kw) -> None:
@@ -203,10 +208,20 @@ class MasterLink:
         if not payload:
             return
         self.open_loop[client_id] = payload.get("open_loop") or {}
+        self.in_flight[client_id] = (float(payload.get("at", 0.0)), [float(t) for t in payload.get("in_flight", ())])
         if self.collector is None:
             return
         self.collector.add(payload["worker"], [tuple(r) for r in payload.get("records", ())])
         self.collector.add_cpu([CpuSample(**s) for s in payload.get("cpu", ())])
+
+    def in_flight_between(self, start_wall: float, end_wall: float) -> int | None:
+        """Requests sent in [start_wall, end_wall) the workers had not had answered at their
+        latest report; None until every worker has reported since ``end_wall`` or sent its final
+        report (until then a request of the window may be neither recorded nor known to be in flight)."""
+        if any(c not in self.in_flight or (self.in_flight[c][0] < end_wall and c not in self.finals)
+               for c in self.admitted):
+            return None
+        return sum(1 for c in self.admitted for t in self.in_flight[c][1] if start_wall <= t < end_wall)
 
     def wait_for_finals(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s

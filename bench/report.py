@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
+from bench.cloudwatch_data import CLOUDWATCH_FILE
 from mme.argtypes import positive_float
 from mme.errors import OutputDirError, UsageError
 from mme.progress import Reporter
@@ -20,7 +21,6 @@ RUN_CHART = "latency_throughput.png"
 ENDPOINT_CHART = "endpoint_models.png"
 COMPARISON_CHART = "comparison.png"
 CLOUDWATCH_CHART = "cloudwatch.png"
-CLOUDWATCH_FILE = "cloudwatch_metrics.json"  # written by 'mme metrics --run' (serving.deploy.cloudwatch.JSON_FILE)
 REPORT_HTML = "report.html"
 REPORT_MD = "report.md"
 

@@ -72,7 +72,7 @@ class BenchRun:
                                    self._on_failure, self._on_worker_error)
         self.snapshots = EndpointSnapshots(config, self.run_dir, self.extra)
         self.stage_reports = StageReporter(config, self.plan, self.reporter, self.extra, self.request_stop,
-                                           self._drain_local, None if config.distributed else self._in_flight)
+                                           self._drain_local, self._in_flight)
         self._stop_t = 0.0  # run time when the driver stopped
         self._cut_short = False  # a second interrupt ended the drain
         self._csv: tuple[StatsCSVFileWriter, gevent.Greenlet] | None = None
@@ -100,9 +100,13 @@ class BenchRun:
         self.request_stop("worker-error")
 
     # -- stages ----------------------------------------------------------------------------
-    def _in_flight(self, start_t: float, end_t: float) -> int:
-        """This process's requests sent between run times ``start_t`` and ``end_t``, not answered yet."""
+    def _in_flight(self, start_t: float, end_t: float) -> int | None:
+        """Requests sent between run times ``start_t`` and ``end_t``, not answered yet: this
+        process's, or the workers' as of their latest reports (None: not every worker has
+        reported since ``end_t``)."""
         t0 = self.collector.t0_wall if self.collector is not None else 0.0
+        if self.runners.link is not None:
+            return self.runners.link.in_flight_between(t0 + start_t, t0 + end_t)
         return STATE.in_flight_between(t0 + start_t, t0 + end_t)
 
     def _drain_local(self) -> None:

@@ -107,10 +107,12 @@ def _line_count(path: Path) -> int:
         return sum(1 for _ in fh)
 
 
-def read_stage_requests(run_dir: Path, warnings: list[str]) -> tuple[dict[int, StageRequests], FirstFailure | None]:
+def read_stage_requests(run_dir: Path, warnings: list[str], estimated_cold: frozenset[int] | None = None,
+                        ) -> tuple[dict[int, StageRequests], FirstFailure | None]:
     """Requests grouped by stage. A last row cut short (the generator was killed while
     writing it: no newline at the end of the file) is left out with a warning; any other
-    unreadable row is an error."""
+    unreadable row is an error. ``estimated_cold``: the rows (0 = the first request) taken as
+    cold where the endpoint did not say (``bench.cold_estimate``); the others are then warm."""
     path = run_dir / REQUESTS_FILE
     _check_header(path, REQUIRED_REQUEST_FIELDS)
     acc: dict[int, _Accumulator] = {}
@@ -128,12 +130,13 @@ def read_stage_requests(run_dir: Path, warnings: list[str]) -> tuple[dict[int, S
                 a.cut_off += 1
                 continue
             a.requests += 1
-            if rec.cold is not None:
-                a.cold = (a.cold or 0) + rec.cold
+            cold = rec.cold if estimated_cold is None else int(line - 2 in estimated_cold)
+            if cold is not None:
+                a.cold = (a.cold or 0) + cold
             if rec.ok:
                 a.latencies.append(rec.latency_ms)
-                if rec.cold is not None:
-                    (a.cold_latencies if rec.cold else a.warm_latencies).append(rec.latency_ms)
+                if cold is not None:
+                    (a.cold_latencies if cold else a.warm_latencies).append(rec.latency_ms)
             else:
                 a.failures += 1
                 error = rec.error or (f"HTTP {rec.status}" if rec.status else "no response")

@@ -37,31 +37,33 @@ class StageReporter:
 
     def __init__(self, config: BenchConfig, plan: LoadPlan, reporter: Reporter, extra: dict,
                  request_stop: Callable[[str], None], drain: Callable[[], None],
-                 in_flight: Callable[[float, float], int] | None = None) -> None:
+                 in_flight: Callable[[float, float], int | None] | None = None) -> None:
         self.config = config
         self.plan = plan
         self.reporter = reporter
         self.extra = extra
         self._request_stop = request_stop
         self._drain = drain  # bring the local runner's records into the collector first
-        # requests sent between two run times still unanswered (the local runner's); None: unknown (workers)
+        # requests sent between two run times still unanswered; the callable gives None while it
+        # cannot tell yet (workers that have not reported since); no callable: never waits
         self._in_flight = in_flight
         self.collector: Collector | None = None
         self._reported: set[int] = set()
         self._reports: list[gevent.Greenlet] = []
 
     def stage_ended(self, stage: int, lag: float) -> None:
-        """Report the stage once every request sent in it has answered (and ``lag`` seconds for
-        its record to arrive), so the line counts what the report counts; at most the request
-        timeout after the stage ended."""
+        """Report the stage once every request sent in it has answered and been recorded (after
+        ``lag`` seconds for the records to arrive; with workers, once each has reported since the
+        stage ended), so the line counts what the report counts; at most the request timeout
+        (plus ``lag``) after the stage ended."""
         self._reports.append(gevent.spawn(self._report_when_answered, stage, lag))
 
     def _report_when_answered(self, stage: int, lag: float) -> None:
         gevent.sleep(lag)
         span = next((s for s in self.collector.stages if s.stage == stage), None) if self.collector else None
         if span is not None and span.end_t is not None and self._in_flight is not None:
-            deadline = time.monotonic() + self.config.timeout_s
-            while self._in_flight(span.start_t, span.end_t) and time.monotonic() < deadline:
+            deadline = time.monotonic() + self.config.timeout_s + lag  # workers report every few seconds
+            while self._in_flight(span.start_t, span.end_t) != 0 and time.monotonic() < deadline:
                 gevent.sleep(0.1)
         self.stage_report(stage, True)
 
@@ -96,7 +98,8 @@ class StageReporter:
             + (f"  cut off {stats.cut_off}" if stats.cut_off else "")
             + (f"  cold {stats.cold}, warm p95 {ms(percentile(sorted(stats.warm_latencies), 95))}"
                if stats.cold else "")
-            + (f"  ({pending} still in flight, not counted yet)" if pending else "")
+            + (f"  ({pending} still in flight, not counted yet)" if pending
+               else "  (workers' latest counts not in yet)" if pending is None else "")
             + f"  generator cpu max {cpu_max:.0f}%" + ("  SATURATED" if cpu_max > SATURATION_PERCENT else ""))
         if stats.failures:
             self.reporter.info(f"    failures: {top_errors_line(stats.errors)}")

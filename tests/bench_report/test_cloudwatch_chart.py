@@ -93,7 +93,7 @@ def test_cloudwatch_metrics_are_drawn_and_embedded(tmp_path, capsys):
 
 
 def test_cloudwatch_series_units_and_keys():
-    from bench.charts import cloudwatch_series
+    from bench.cloudwatch_data import cloudwatch_series
 
     period, series = cloudwatch_series(cloudwatch.to_json(metrics_report(3)))
     assert period == 60

@@ -10,10 +10,13 @@ Every request goes to 127.0.0.1."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
 from pathlib import Path
+
+import pytest
 
 from bench.analysis import analyse
 from tests.bench_run.fake_endpoint import FakeEndpoint
@@ -45,6 +48,30 @@ def test_the_last_stage_matches_an_identical_middle_stage_and_every_served_reque
     middle, last = summary.stages[1], summary.stages[2]
     assert middle.requests and 0.75 <= last.requests / middle.requests <= 1.33, (middle.requests, last.requests)
     assert last.cut_off == 0 and summary.overall.cut_off == 0
+
+
+STAGE_LINE = re.compile(r"stage (\d+)/\d+ done .*? users\s+(\d+)\s+(\d+) req .*? p50\s+(\S+)(?: ms)?\s+"
+                        r"p95\s+(\S+)(?: ms)?\s+failures (\d+)")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_live_stage_lines_give_the_reports_figures(tmp_path, workers):
+    """0.5-1.5 s latencies: a dozen requests are in flight at each stage end. The line for a
+    stage waits until every request sent in it has answered (with workers, until each has
+    reported since), so it counts them in that stage with the report's percentiles."""
+    shape = tmp_path / "shape.json"
+    shape.write_text(json.dumps([{"duration": 4 * i, "users": 4 * i, "spawn_rate": 100} for i in (1, 2, 3)]))
+    with FakeEndpoint(behaviour="slow", delay_s=0.5, delay_max_s=1.5) as endpoint:
+        completed = run_bench(*_args(endpoint, tmp_path, "--shape", f"file:{shape}", "--workers", str(workers)),
+                              timeout=120)
+    run = saved_run(completed)
+    live = {int(m[1]) - 1: m.groups()[1:] for m in STAGE_LINE.finditer(completed.stderr)}
+    summary = analyse(run.directory)
+    assert sorted(live) == [s.stage for s in summary.stages] == [0, 1, 2], completed.stderr
+    for s in summary.stages:
+        assert live[s.stage] == (str(s.users), str(s.requests), f"{s.latency_p50_ms:.1f}", f"{s.latency_p95_ms:.1f}",
+                                 str(s.failures)), (s.stage, completed.stderr)
+    assert "not counted yet" not in completed.stderr and "not in yet" not in completed.stderr
 
 
 def test_ctrl_c_drains_then_a_second_one_cuts_the_drain_short_and_records_the_cut_offs(tmp_path):

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from bench.analysis import analyse
 from bench.results import ENDPOINT_METRICS_FILE, REQUESTS_FILE, RUN_FILE, STAGES_FILE
 from tests.bench_run.helpers import ROOT, bench_env, free_port, run_bench, saved_run
 from serving.reply_headers import COLD_HEADER
@@ -97,6 +98,10 @@ def test_short_bench_against_the_local_endpoint(local_endpoint, tmp_path):
     served = (run.metrics[-1]["snapshot"]["counts"]["Invocations"]
               - run.metrics[0]["snapshot"]["counts"].get("Invocations", 0))
     assert served == len(run.requests)  # every request the endpoint answered during the run is recorded
+    # stage 0's endpoint figures are the run's own: the warm-up's three loads came before the baseline
+    first = analyse(run.directory).stages[0]
+    assert (first.model_loads, first.cache_misses, first.model_evictions) == (0, 0, 0)
+    assert first.cache_hits and first.invocations_ok
     last = run.metrics[-1]["snapshot"]
     assert last["gauges"]["LoadedModelCount"] == 3
     assert len(last["loaded_models"]) == 3
