@@ -13,7 +13,7 @@ ARGS ?=
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-gpu package demo test lint test-gpu bench-package bench-client-cost bench-front bench-cold-start bench-churn bench-crash bench-thrash bench-bomb clean lock
+.PHONY: help install install-gpu package serve capacity bench report demo test lint test-gpu bench-package bench-client-cost bench-front bench-cold-start bench-churn bench-crash bench-thrash bench-bomb clean lock
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -34,6 +34,27 @@ install-gpu: $(STAMP) ## add the gpu extra (TensorRT of the default release, NVM
 
 package: $(STAMP) ## export, validate and lay out MODEL (make package MODEL=resnet50 FORMATS=onnx ARGS=--no-pretrained)
 	$(MME) package $(MODEL) --formats $(FORMATS) --out $(OUT) $(ARGS)
+
+# The steps after package, on one artifact: make serve in one terminal, then make bench and make report.
+FORMAT ?= cpu-local
+ARTIFACT ?= $(OUT)/$(MODEL)/$(FORMAT)
+PORT ?= 8080
+MEMORY_LIMIT ?=
+RESULTS ?= results
+RUN ?= $(shell ls -td $(RESULTS)/*/run.json 2>/dev/null | head -1 | xargs -r dirname)
+
+serve: $(STAMP) ## a local multi-model endpoint on ARTIFACT (default OUT/MODEL/cpu-local) at 127.0.0.1:PORT (8080); Ctrl-C stops
+	$(MME) serve --models $(ARTIFACT) --port $(PORT) $(if $(MEMORY_LIMIT),--memory-limit $(MEMORY_LIMIT)) $(ARGS)
+
+capacity: $(STAMP) ## how many copies of ARTIFACT fit under MEMORY_LIMIT (e.g. 2.5G; default this host's), counted as they serve
+	$(MME) capacity $(ARTIFACT) --out $(RESULTS) $(if $(MEMORY_LIMIT),--memory-limit $(MEMORY_LIMIT)) $(ARGS)
+
+bench: $(STAMP) ## the staged load test against make serve's endpoint (ARGS='--duration 120 --warmup' for a shorter, warm run)
+	$(MME) bench --endpoint local --endpoint-url http://127.0.0.1:$(PORT) --artifact $(ARTIFACT) --out $(RESULTS) $(ARGS)
+
+report: $(STAMP) ## the HTML and Markdown report of RUN (default: the newest run under RESULTS)
+	@test -n "$(RUN)" || { echo "make report: no run under $(RESULTS)/; run make bench first, or pass RUN=results/<run-id>"; exit 2; }
+	$(MME) report $(RUN) $(ARGS)
 
 demo: $(STAMP) ## the main job on local defaults: package, capacity, local MME, staged load, report
 	$(MME) demo --model $(MODEL) --out $(OUT) $(ARGS)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from bench.config import WORKER_MASTER_PORT
 from bench.request import DEFAULTS, BenchRequest, run_child, start_bench, worker_token_env
 from mme.argtypes import non_negative_float, positive_float, positive_int, share
 from mme.errors import MmeError
@@ -51,9 +52,10 @@ def register_bench(subparsers) -> None:
                         help="multi: a TargetModel per request (MME); single: a real-time endpoint (default: multi)")
     target.add_argument("--model", help="model name in the target names (default: the artifact's)")
     target.add_argument("--copies", type=positive_int, default=DEFAULTS.copies, metavar="N",
-                        help="spread requests over <model>-v1..vN.tar.gz (default: 1)")
+                        help="spread requests over <model>-v1..vN.tar.gz (default: the copies a local 'mme serve' "
+                        "answers for, else its <model>.tar.gz; 1 elsewhere)")
     target.add_argument("--distribution", default=DEFAULTS.distribution, metavar="uniform|zipf:S",
-                        help="how targets are picked: uniform, or Zipf-skewed toward v1 (e.g. zipf:1.1)")
+                        help="how targets are picked: uniform, or Zipf-skewed toward v1 (e.g. zipf:1.1; default: %(default)s)")
     target.add_argument("--target-template", default=None, metavar="TEMPLATE",
                         help="target names if copies are named differently (default: '{model}-v{i}.tar.gz')")
     target.add_argument("--instance-type", help="recorded in run.json, e.g. ml.g5.2xlarge (default: 'local' for local URLs)")
@@ -70,11 +72,16 @@ def register_bench(subparsers) -> None:
                       help="staged (the article's 10..200 users over 340 s), ramp, constant, file:PATH (JSON list of "
                       '{"duration": cumulative_end_s, "users": n, "spawn_rate": r}) or open-loop (default: staged)')
     load.add_argument("--users", type=positive_int, help="ramp/constant: users")
-    load.add_argument("--duration", type=positive_float, metavar="S", help="ramp/constant/open-loop: seconds")
+    load.add_argument("--duration", type=positive_float, metavar="S",
+                      help="seconds: the whole run for ramp, constant and open-loop; for staged and file shapes the "
+                      "same stages stretched or compressed to this length (staged: 340 s unless given)")
     load.add_argument("--steps", type=positive_int, help="ramp: stages the ramp is reported in (default: up to 10)")
     load.add_argument("--rate", type=positive_float, metavar="R", help="open-loop: requests per second, all generators")
     load.add_argument("--max-inflight", type=positive_int, default=DEFAULTS.max_inflight, metavar="N",
                       help="open-loop: cap on requests in flight; arrivals beyond it start late and are counted (1000)")
+    load.add_argument("--warmup", action="store_true",
+                      help="before the first stage, send each target one request and wait until it answers (its model "
+                      "loaded), so the stages measure a warm endpoint; reported apart, in run.json's warmup")
     load.add_argument("--time-scale", type=positive_float, metavar="F",
                       help="staged/file: run the shape F times as long (0.1: the 340 s staged shape in 34 s)")
     load.add_argument("--wait", type=_wait_range, default=DEFAULTS.wait, metavar="MIN,MAX",
@@ -91,7 +98,9 @@ def register_bench(subparsers) -> None:
     gen.add_argument("--master-bind-host", default=None, metavar="ADDRESS",
                      help="where the master listens (default: 127.0.0.1, this machine only); give this host's "
                      "address to accept 'mme bench-worker' from other machines")
-    gen.add_argument("--master-port", type=int, default=DEFAULTS.master_port, metavar="PORT", help="master port (default: any free port)")
+    gen.add_argument("--master-port", type=int, default=DEFAULTS.master_port, metavar="PORT",
+                     help=f"master port (default: {WORKER_MASTER_PORT} with --expect-workers, mme bench-worker's default; "
+                     "else any free port)")
     gen.add_argument("--worker-token", default=None, metavar="TOKEN",
                      help="shared secret workers must present (default: $MME_BENCH_WORKER_TOKEN, else one is "
                      "made for the run and printed in the line that says how to join)")
@@ -127,7 +136,8 @@ def register_worker(subparsers) -> None:
         "the load it assigns; each worker reads AWS credentials from its own botocore chain.",
     )
     p.add_argument("--master-host", required=True, help="the machine running 'mme bench'")
-    p.add_argument("--master-port", type=int, default=5557, help="its --master-port (default: %(default)s)")
+    p.add_argument("--master-port", type=int, default=WORKER_MASTER_PORT,
+                   help="its --master-port (default: %(default)s, the master's default with --expect-workers)")
     p.add_argument("--token", default=None, help="the master's worker token, as its 'waiting for' line prints it "
                    "(default: $MME_BENCH_WORKER_TOKEN)")
     p.set_defaults(func=run_worker)

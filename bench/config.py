@@ -36,6 +36,8 @@ def is_loopback(host: str) -> bool:
 # --max-failure-rate of its requests failed (mme bench then prints the run directory and exits 1).
 TOO_MANY_FAILURES = 4
 
+WORKER_MASTER_PORT = 5557  # the master's port remote workers (mme bench-worker) connect to by default
+
 
 @dataclass(frozen=True)
 class BenchConfig:
@@ -76,7 +78,8 @@ class BenchConfig:
     seed: int | None = None
     metrics_interval_s: float = 10.0
     drain_s: float = 60.0  # when the run ends, requests in flight get this long to answer (then: cut off)
-    max_failure_rate: float = 0.01  # the run fails (exit code 1) above this share of failed requests  # endpoint-metrics snapshots within a stage, where the endpoint has them
+    max_failure_rate: float = 0.01  # the run fails (exit code 1) above this share of failed requests
+    warmup: bool = False  # one answered request per target before the first stage (bench.warmup)
 
     @property
     def address(self) -> EndpointAddress:

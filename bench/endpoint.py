@@ -120,20 +120,35 @@ def check_reachable(address: EndpointAddress, timeout_s: float = 5.0) -> None:
         raise MmeError(f"{where} is unreachable: {reason}{hint}") from None
 
 
-def fetch_metrics(base_url: str, timeout_s: float = 5.0) -> dict | None:
-    """``GET {endpoint_url}/metrics.json`` (our local endpoint's snapshot); None when absent."""
+def _get_json(base_url: str, path: str, timeout_s: float) -> object | None:
+    """``GET {base_url}{path}`` as JSON; None when it does not answer 200 with JSON."""
     parts = urlsplit(base_url)
     cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     connection = cls(parts.hostname or "localhost", parts.port, timeout=timeout_s)
     try:
-        connection.request("GET", "/metrics.json", headers={"Accept": "application/json"})
+        connection.request("GET", path, headers={"Accept": "application/json"})
         response = connection.getresponse()
         body = response.read()
         if response.status != 200:
             return None
-        data = json.loads(body)
-        return data if isinstance(data, dict) else None
+        return json.loads(body)
     except (OSError, http.client.HTTPException, ValueError):
         return None
     finally:
         connection.close()
+
+
+def fetch_metrics(base_url: str, timeout_s: float = 5.0) -> dict | None:
+    """``GET {endpoint_url}/metrics.json`` (our local endpoint's snapshot); None when absent."""
+    data = _get_json(base_url, "/metrics.json", timeout_s)
+    return data if isinstance(data, dict) else None
+
+
+def fetch_targets(base_url: str, timeout_s: float = 10.0) -> tuple[str, ...] | None:
+    """``GET {endpoint_url}/targets``: every TargetModel a local endpoint (``mme serve``)
+    answers for; None where the endpoint does not list them (SageMaker, other servers)."""
+    data = _get_json(base_url, "/targets", timeout_s)
+    names = data.get("targets") if isinstance(data, dict) else None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        return None
+    return tuple(names)

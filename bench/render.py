@@ -165,8 +165,21 @@ def overall_rows(summary: RunSummary) -> list[tuple[str, str]]:
         ("model / format", f"{run.model or NONE} / {run.format or NONE}"),
         ("load", f"{run.shape} shape, {run.copies} copies ({run.target_distribution}), {run.mode}-model, "
                  f"{run.client} client, {run.workers} worker(s), {run.payload_bytes} B {run.content_type}"),
+        ("warm-up before the first stage (not in any figure)", _warmup_text(run.extra.get("warmup"))),
         ("started / ended", f"{run.started_at} / {run.ended_at or NONE}"),
     ]
+
+
+def _warmup_text(warmup: object) -> str:
+    """run.json's ``extra["warmup"]`` (``mme bench --warmup``) in a few words."""
+    if not isinstance(warmup, dict):
+        return "none"
+    per = [w for w in warmup.get("per_target", ()) if isinstance(w, dict)]
+    slowest = max((w.get("seconds", 0.0) for w in per), default=0.0)
+    text = (f"{warmup.get('targets', len(per))} target(s) in {warmup.get('seconds', 0.0):.1f} s "
+            f"(slowest {slowest:.1f} s)")
+    failed = [w.get("target") or "the model" for w in per if not w.get("ok")]
+    return text + (f"; failed: {', '.join(failed)}" if failed else "")
 
 
 def comparison_rows(summaries: Sequence[RunSummary]) -> tuple[list[str], list[list[str]]]:

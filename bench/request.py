@@ -44,7 +44,7 @@ class BenchRequest:
     region: str | None = None
     mode: str = "multi"  # multi: a TargetModel per request; single: a real-time endpoint
     model: str | None = None
-    copies: int = 1
+    copies: int | None = None  # None: as a local endpoint serves them, else 1
     distribution: str = "uniform"
     target_template: str | None = None
     instance_type: str | None = None
@@ -65,7 +65,7 @@ class BenchRequest:
     workers: int = 1
     expect_workers: int = 0
     master_bind_host: str | None = None  # default: loopback only
-    master_port: int = 0
+    master_port: int | None = None  # None: WORKER_MASTER_PORT with --expect-workers, else any free port
     worker_token: str | None = None  # default: $MME_BENCH_WORKER_TOKEN, else one made for the run
     worker_wait: float = 60.0
     timeout: float = 60.0
@@ -74,6 +74,7 @@ class BenchRequest:
     max_p95_ms: float | None = None
     drain: float | None = None  # seconds requests in flight get when the run ends; default: timeout
     max_failure_rate: float = 0.01  # exit non-zero above this share of failed requests
+    warmup: bool = False  # load every target before the first stage
     out: str = "results"
     run_id: str | None = None
     progress_interval: float = 5.0
@@ -104,10 +105,10 @@ class BenchResult:
 def build_config(request: BenchRequest, run_id: str, run_dir: Path) -> "BenchConfig":
     """The generator's configuration, every option checked (UsageError names the one to fix)."""
     from bench import payload as payloads
-    from bench.config import LOOPBACK, BenchConfig
-    from bench.endpoint import check_reachable, resolve_address, resolve_credentials
+    from bench.config import LOOPBACK, WORKER_MASTER_PORT, BenchConfig
+    from bench.endpoint import check_reachable, fetch_targets, resolve_address, resolve_credentials
     from bench.stages import build_plan
-    from bench.targets import DEFAULT_TEMPLATE, parse_distribution, target_names
+    from bench.targets import parse_distribution, resolve_targets
 
     r = request
     if r.artifact and r.payload:
@@ -131,12 +132,11 @@ def build_config(request: BenchRequest, run_id: str, run_dir: Path) -> "BenchCon
         model = r.model or payload.model
         if not model:
             raise UsageError("name the model for the target names with --model (or use --artifact)")
-        targets = target_names(model, r.copies, r.target_template or DEFAULT_TEMPLATE)
     else:
-        if r.copies != 1 or r.target_template or r.distribution != "uniform":
+        if r.copies is not None or r.target_template or r.distribution != "uniform":
             raise UsageError("--mode single sends no TargetModel: --copies, --distribution and --target-template "
                              "apply to multi-model endpoints")
-        model, targets = r.model or payload.model, ()
+        model = r.model or payload.model
 
     plan = build_plan(r.shape, users=r.users, duration_s=r.duration, rate=r.rate, time_scale=r.time_scale,
                       steps=r.steps)
@@ -144,10 +144,12 @@ def build_config(request: BenchRequest, run_id: str, run_dir: Path) -> "BenchCon
         raise UsageError("--rate applies to --shape open-loop")
     if r.expect_workers < 0:
         raise UsageError(f"--expect-workers must be 0 or more (got {r.expect_workers})")
-    if not 0 <= r.master_port < 65536:
-        raise UsageError(f"--master-port must be between 0 and 65535 (got {r.master_port})")
-    if r.expect_workers and not r.master_port:
-        raise UsageError("remote workers need a known port: give --master-port (e.g. 5557) with --expect-workers")
+    master_port = r.master_port if r.master_port is not None else (WORKER_MASTER_PORT if r.expect_workers else 0)
+    if not 0 <= master_port < 65536:
+        raise UsageError(f"--master-port must be between 0 and 65535 (got {master_port})")
+    if r.expect_workers and not master_port:
+        raise UsageError(f"remote workers need a known port: leave --master-port out ({WORKER_MASTER_PORT}, "
+                         "mme bench-worker's default) or give one with --expect-workers")
     if r.worker_token is not None and not r.worker_token.strip():
         raise UsageError("--worker-token is empty; give a shared secret, or leave it out and use the one printed")
     if r.master_bind_host is not None and not r.master_bind_host.strip():
@@ -156,6 +158,10 @@ def build_config(request: BenchRequest, run_id: str, run_dir: Path) -> "BenchCon
     address = resolve_address(r.endpoint, r.endpoint_url, r.region)
     _, credentials_note = resolve_credentials(address)
     check_reachable(address)
+    targets: tuple[str, ...] = ()
+    if r.mode == "multi" and model:  # checked above: a multi-model bench has a model name
+        served = fetch_targets(address.url) if address.custom_url else None
+        targets = resolve_targets(model, r.copies, r.target_template, served, f"the endpoint at {address.url}")
 
     # Locust's master protocol is unauthenticated: loopback unless the user names an address.
     bind = r.master_bind_host or LOOPBACK
@@ -164,12 +170,12 @@ def build_config(request: BenchRequest, run_id: str, run_dir: Path) -> "BenchCon
         custom_url=address.custom_url, region=address.region, mode=r.mode, model=model, format=payload.format,
         instance_type=r.instance_type or ("local" if address.is_local else None), targets=targets,
         distribution=str(distribution), client=r.client, workers=r.workers, expect_workers=r.expect_workers,
-        master_bind_host=bind, master_port=r.master_port, worker_wait_s=r.worker_wait, plan=plan.to_json(),
+        master_bind_host=bind, master_port=master_port, worker_wait_s=r.worker_wait, plan=plan.to_json(),
         shape=plan.kind, time_scale=r.time_scale, wait_min_s=r.wait[0], wait_max_s=r.wait[1],
         max_inflight=r.max_inflight, content_type=payload.content_type, accept=r.accept or None,
         payload_b64=base64.b64encode(payload.body).decode(), payload_source=payload.source,
         stop_on_failure=r.stop_on_failure, max_p95_ms=r.max_p95_ms, timeout_s=r.timeout,
-        drain_s=r.timeout if r.drain is None else r.drain, max_failure_rate=r.max_failure_rate,
+        drain_s=r.timeout if r.drain is None else r.drain, max_failure_rate=r.max_failure_rate, warmup=r.warmup,
         progress_interval_s=r.progress_interval, metrics_interval_s=r.metrics_interval, quiet=r.quiet,
         credentials_note=credentials_note, seed=r.seed,
     )

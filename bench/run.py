@@ -165,6 +165,10 @@ class BenchRun:
         self._run_info(ended=False).write(self.run_dir)
         try:
             runner = self.runners.create(stopping=lambda: self.stop_reason is not None)
+            if self.config.warmup and self.stop_reason is None:
+                from bench.warmup import warm_up
+
+                self.extra["warmup"] = warm_up(self.config, self.reporter)
             self.snapshots.fetch_baseline()
             self._drive(runner)
         finally:

@@ -141,10 +141,12 @@ def build_plan(shape: str, *, users: int | None = None, duration_s: float | None
     if time_scale is not None and not (shape == "staged" or shape.startswith("file:")):
         raise UsageError("--time-scale compresses the staged and file shapes; give ramp, constant and open-loop "
                          "a shorter --duration instead")
+    if shape == "staged" or shape.startswith("file:"):
+        if users is not None:
+            raise UsageError(f"--shape {shape} sets its own users per stage; --users goes with ramp and constant")
+        if duration_s is not None and time_scale is not None:
+            raise UsageError("give --duration (the whole shape's length) or --time-scale (a factor on it), not both")
     if shape == "staged":
-        if users is not None or duration_s is not None:
-            raise UsageError("--shape staged is the article's fixed shape (10 to 200 users over 340 s); "
-                             "use --time-scale to shorten it, or --shape ramp/constant with --users and --duration")
         stages: tuple[Stage, ...] = ARTICLE_STAGES
     elif shape in ("ramp", "constant"):
         if users is None or duration_s is None:
@@ -160,6 +162,8 @@ def build_plan(shape: str, *, users: int | None = None, duration_s: float | None
         raise UsageError(f"unknown --shape {shape!r}; choose one of {', '.join(SHAPE_KINDS)}")
     if steps is not None and shape != "ramp":
         raise UsageError("--steps applies to --shape ramp only")
+    if duration_s is not None:  # staged and file shapes: the same stages, stretched to this length
+        time_scale = duration_s / stages[-1].end_s
     if time_scale is not None:
         stages = scaled(stages, time_scale)
     return LoadPlan(shape, stages)

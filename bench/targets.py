@@ -55,6 +55,47 @@ def target_names(model: str, copies: int, template: str = DEFAULT_TEMPLATE) -> t
     return names
 
 
+MAX_SHOWN = 6
+
+
+def _shown(names: tuple[str, ...] | list[str]) -> str:
+    text = ", ".join(names[:MAX_SHOWN])
+    return text + (f" and {len(names) - MAX_SHOWN} more" if len(names) > MAX_SHOWN else "")
+
+
+def served_copies(model: str, served: tuple[str, ...]) -> tuple[str, ...]:
+    """The copies of ``model`` among the targets an endpoint serves (``mme serve --copies N``'s
+    names, serving.copies), copy 1 first."""
+    from serving.copies import parse_copy_name
+
+    parsed = [(c.index, name) for name in served if (c := parse_copy_name(name)) is not None and c.stem == model]
+    return tuple(name for _, name in sorted(parsed))
+
+
+def resolve_targets(model: str, copies: int | None, template: str | None, served: tuple[str, ...] | None,
+                    where: str) -> tuple[str, ...]:
+    """The targets of a multi-model bench. ``served``: what the endpoint says it answers for
+    (``mme serve``'s ``GET /targets``; None where it does not say). Without --copies and
+    --target-template, a listing endpoint's copies of ``model`` (else ``<model>.tar.gz``) are
+    the targets; otherwise every named target must be among those it serves."""
+    if copies is None and template is None and served is not None:
+        names = served_copies(model, served) or tuple(n for n in served if n == f"{model}.tar.gz")
+        if not names:
+            raise UsageError(f"{where} serves no target for model {model!r} (it answers for {_shown(served) or 'nothing'}); "
+                             "pass --model NAME or --target-template, or serve this model")
+        return names
+    names = target_names(model, copies or 1, template or DEFAULT_TEMPLATE)
+    if served is not None:
+        missing = [n for n in names if n not in set(served)]
+        if missing:
+            have = served_copies(model, served)
+            fix = (f"pass --copies {len(have)} (or leave --copies out)" if have
+                   else "leave --copies out" if f"{model}.tar.gz" in served else "check --model")
+            raise UsageError(f"{where} does not serve {_shown(missing)} (it answers for {_shown(served)}); {fix}, "
+                             f"or start mme serve with --copies {len(names)}")
+    return names
+
+
 class TargetPicker:
     """Picks a target per request; ``pick()`` is on the hot path (one bisect at most)."""
 

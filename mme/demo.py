@@ -41,7 +41,7 @@ def register(subparsers) -> None:
                    help="memory the local endpoint may fill (default: 2G)")
     p.add_argument("--time-scale", type=positive_float, default=0.5,
                    help="compress the article's 340 s staged shape (default: 0.5, about 3 minutes)")
-    p.add_argument("--max-copies", type=int, default=20, help="cap on copies measured and served")
+    p.add_argument("--max-copies", type=int, default=20, help="cap on copies measured and served (default: %(default)s)")
     p.add_argument("--repackage", action="store_true", help="package again even if the artifact exists")
     p.set_defaults(func=run)
 
@@ -114,11 +114,13 @@ def run(args: argparse.Namespace) -> int:
     copies = max(1, min(args.max_copies, capacity.actual_copies or capacity.predicted_copies))
 
     _step(reporter, 3, f"start the local multi-model endpoint with {copies} copies (mme serve)")
-    # The endpoint gets the host's memory: copies grow under load (batched activations), and
-    # the demo should show latency against users, not eviction churn. Triton runs in its own
-    # process; the front runs on a thread here while the load generator is a child process.
+    # The endpoint gets the limit the copies were counted under: capacity counts each copy as it
+    # is after requests at its max batch size, so they stay under the threshold while serving.
+    # Triton runs in its own process; the front runs on a thread here while the load generator
+    # is a child process.
     options = LocalEndpointOptions(models=str(artifact.directory), port=0, copies=copies, server_kind="local",
-                                   endpoint_name=DEMO_ENDPOINT)
+                                   endpoint_name=DEMO_ENDPOINT, memory_limit_bytes=args.memory_limit,
+                                   memory_threshold=THRESHOLD)
     with LocalEndpoint(options, Reporter(quiet=True)) as endpoint:
         reporter.info(f"  {endpoint.url} (Triton behind it, models load on first request)")
         _step(reporter, 4, f"staged load over the {copies} copies, time scale {args.time_scale} (mme bench)")

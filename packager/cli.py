@@ -48,14 +48,14 @@ def register(subparsers) -> None:
     p.add_argument("--dynamic-batching", action=argparse.BooleanOptionalAction, default=True,
                    help="enable Triton's dynamic batcher (default: on)")
     p.add_argument("--preferred-batch-sizes", type=int_list, default=(), metavar="N,N",
-                   help="dynamic batcher preferred batch sizes")
-    p.add_argument("--max-queue-delay-us", type=non_negative_int, default=100, help="dynamic batcher delay")
+                   help="dynamic batcher preferred batch sizes (default: none)")
+    p.add_argument("--max-queue-delay-us", type=non_negative_int, default=100, help="dynamic batcher delay (default: %(default)s)")
     p.add_argument("--instance-count", type=positive_int, default=1, help="model instances per GPU/CPU")
     p.add_argument("--instance-kind", choices=("gpu", "cpu"), help="override KIND_GPU / KIND_CPU")
     p.add_argument("--warmup", action="store_true", help="add a batch-1 model_warmup to config.pbtxt")
     p.add_argument("--cpu-threads", type=non_negative_int, default=2,
-                   help="ONNX Runtime intra-op threads in the cpu-local model (0 = all cores)")
-    p.add_argument("--workspace-gib", type=positive_float, default=4.0, help="TensorRT builder workspace")
+                   help="ONNX Runtime intra-op threads in the cpu-local model (0 = all cores) (default: %(default)s)")
+    p.add_argument("--workspace-gib", type=positive_float, default=4.0, help="TensorRT builder workspace (default: %(default)s)")
     p.add_argument("--triton-release", help="serving release the artifacts target (default: mme/versions.toml's, the newest "
                    "with a SageMaker image; python -m mme.versions --list)")
     p.add_argument("--seed", type=non_negative_int, default=0, help="seed for random weights and sample inputs")

@@ -93,7 +93,7 @@ def package(request: PackageRequest, reporter: Reporter) -> list[PackagedArtifac
         model = family.load(request.model, reporter)
     reporter.info(
         f"  {model.family} model, {model.parameters / 1e6:.1f}M parameters, weights: {model.weights}, "
-        f"inputs {', '.join(f'{t.name}{list(t.shape)}' for t in model.spec.inputs)}"
+        f"inputs {', '.join(t.name + '[' + ', '.join(map(str, t.shape)) + ']' for t in model.spec.inputs)}"
     )
     model_root.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(dir=model_root, prefix=".work-"))

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from mme.errors import UsageError
+from mme.errors import MmeError, UsageError
 from mme.fsutil import write_json_atomic
 from mme.progress import Reporter
 from serving.cache import ModelCache
@@ -30,14 +30,28 @@ from serving.instances import load_instances
 from serving.store import LocalDirSource
 
 SCHEMA_VERSION = 1
+LOADED = "loaded"  # after a warm-up at the max batch size: what a copy holds while serving
+AT_REST = "at rest"  # right after its load, before any request: what the articles count
+AFTER_LOAD = "after its load, no warm-up at the max batch size"  # the remote loop: loaded by one request
+# per copy, as fractions of the max batch size: the largest first, then smaller ones (an
+# allocator's arena keeps blocks of each shape it served), then the largest again
+WARMUP_BATCHES = (1.0, 0.5, 0.25, 1.0)
+
+
+def warmup_batches(max_batch: int) -> tuple[int, ...]:
+    """The batch sizes of a copy's warm-up requests for a model of ``max_batch`` (0: no batching)."""
+    top = max(1, max_batch)
+    return tuple(max(1, round(top * f)) for f in WARMUP_BATCHES)
 
 
 @dataclass(frozen=True)
 class CapacityStep:
     copies: int
-    memory_bytes: int
-    delta_bytes: int
+    memory_bytes: int  # after this copy's load and, in the local loop, its warm-up at the max batch size
+    delta_bytes: int  # what this copy added, loaded (memory_bytes - the previous step's)
     load_seconds: float
+    rest_bytes: int | None = None  # right after the load, before any request (None: not read apart)
+    rest_delta_bytes: int | None = None  # what the load alone added: the copy at rest
 
 
 @dataclass(frozen=True)
@@ -57,7 +71,7 @@ class CapacityReport:
     threshold: float
     baseline_bytes: int
     steps: tuple[CapacityStep, ...]
-    footprint_mean_bytes: int
+    footprint_mean_bytes: int  # per copy, as counted for the prediction (see ``counted``)
     footprint_min_bytes: int
     footprint_max_bytes: int
     predicted_copies: int
@@ -65,6 +79,13 @@ class CapacityReport:
     projections: tuple[Projection, ...]
     leak_check: dict | None
     schema_version: int = SCHEMA_VERSION
+    counted: str = LOADED  # what a copy was counted at: LOADED (after a warm-up at max batch), AT_REST or AFTER_LOAD
+    warmup_batch: int | None = None  # the batch size of the warm-up requests (None: none sent)
+    footprint_loaded_mean_bytes: int | None = None  # per copy after the warm-up (None: not measured)
+    footprint_rest_mean_bytes: int | None = None  # per copy right after its load
+    predicted_copies_loaded: int | None = None
+    predicted_copies_rest: int | None = None
+    limit_for_one_bytes: int | None = None  # the smallest limit one copy fits under at the threshold
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -85,8 +106,10 @@ class Footprint:
     max_bytes: int
 
     @classmethod
-    def of(cls, steps: Sequence[CapacityStep]) -> "Footprint":
-        deltas = [s.delta_bytes for s in steps]
+    def of(cls, steps: Sequence[CapacityStep], at_rest: bool = False) -> "Footprint":
+        """Over the loaded deltas, or the at-rest ones (``at_rest``; steps that have them)."""
+        deltas = ([s.rest_delta_bytes for s in steps if s.rest_delta_bytes is not None] if at_rest
+                  else [s.delta_bytes for s in steps])
         if not deltas:
             raise ValueError("a footprint needs at least one step")
         return cls(statistics.fmean(deltas), min(deltas), max(deltas))
@@ -118,9 +141,12 @@ class Readings:
         """The latest reading (the baseline before any copy)."""
         return self.steps[-1].memory_bytes if self.steps else self.baseline_bytes
 
-    def record(self, memory_bytes: int, load_seconds: float) -> CapacityStep:
-        """The next copy is loaded and memory reads ``memory_bytes``."""
-        step = CapacityStep(len(self.steps) + 1, memory_bytes, memory_bytes - self.memory_bytes, round(load_seconds, 3))
+    def record(self, memory_bytes: int, load_seconds: float, rest_bytes: int | None = None) -> CapacityStep:
+        """The next copy is loaded and memory reads ``memory_bytes`` (``rest_bytes`` right
+        after the load, before its warm-up, where that was read)."""
+        before = self.memory_bytes
+        step = CapacityStep(len(self.steps) + 1, memory_bytes, memory_bytes - before, round(load_seconds, 3),
+                            rest_bytes, None if rest_bytes is None else rest_bytes - before)
         self.steps.append(step)
         return step
 
@@ -140,12 +166,29 @@ def project(baseline: int, footprint: Footprint, threshold: float,
     )
 
 
+def limit_for_one(baseline: int, footprint: float, threshold: float) -> int:
+    """The smallest memory limit under whose threshold the baseline and one copy fit."""
+    return math.ceil((baseline + footprint) / threshold)
+
+
 def build_report(readings: Readings, footprint_steps: Sequence[CapacityStep] | None = None, *, verified: bool = True,
-                 leak_check: dict | None = None, instances: dict[str, dict] | None = None) -> CapacityReport:
-    """Readings -> per-copy footprint (over ``footprint_steps``, default all steps) ->
-    prediction -> copies that fit (when the loop went on to the threshold: ``verified``) ->
-    projections onto instance types -> the report both loops write."""
-    footprint = Footprint.of(readings.steps if footprint_steps is None else footprint_steps)
+                 leak_check: dict | None = None, instances: dict[str, dict] | None = None, at_rest: bool = False,
+                 warmup_batch: int | None = None) -> CapacityReport:
+    """Readings -> per-copy footprint (over ``footprint_steps``, default all steps; loaded,
+    or ``at_rest``) -> prediction -> copies that fit (when the loop went on to the threshold:
+    ``verified``) -> projections onto instance types -> the report both loops write. Where
+    the steps were read at rest and after a warm-up (``warmup_batch``), both figures are kept."""
+    steps = readings.steps if footprint_steps is None else footprint_steps
+    has_rest = warmup_batch is not None and all(s.rest_delta_bytes is not None for s in steps)
+    at_rest = at_rest and has_rest
+    footprint = Footprint.of(steps, at_rest=at_rest)
+    loaded = Footprint.of(steps) if has_rest else None
+    rest = Footprint.of(steps, at_rest=True) if has_rest else None
+
+    def predicted(f: Footprint | None) -> int | None:
+        return None if f is None else predict(readings.baseline_bytes, f.mean_bytes, readings.limit_bytes,
+                                              readings.threshold)
+
     return CapacityReport(
         model=readings.model, format=readings.format, memory_kind=readings.memory_kind, limit_bytes=readings.limit_bytes,
         threshold=readings.threshold, baseline_bytes=readings.baseline_bytes, steps=tuple(readings.steps),
@@ -154,6 +197,11 @@ def build_report(readings: Readings, footprint_steps: Sequence[CapacityStep] | N
         predicted_copies=predict(readings.baseline_bytes, footprint.mean_bytes, readings.limit_bytes, readings.threshold),
         actual_copies=readings.fitted() if verified else None,
         projections=project(readings.baseline_bytes, footprint, readings.threshold, instances), leak_check=leak_check,
+        counted=AT_REST if at_rest else LOADED if warmup_batch is not None else AFTER_LOAD, warmup_batch=warmup_batch,
+        footprint_loaded_mean_bytes=int(loaded.mean_bytes) if loaded else None,
+        footprint_rest_mean_bytes=int(rest.mean_bytes) if rest else None,
+        predicted_copies_loaded=predicted(loaded), predicted_copies_rest=predicted(rest),
+        limit_for_one_bytes=limit_for_one(readings.baseline_bytes, footprint.mean_bytes, readings.threshold),
     )
 
 
@@ -161,11 +209,16 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
                      verify: bool = True, cycles: int = 0, max_copies: int = 500,
                      instances: dict[str, dict] | None = None, reporter: Reporter | None = None,
                      cache_dir: Path | None = None, server_kind: str = "local", memory: str = "auto",
-                     triton_network: str | None = None) -> CapacityReport:
+                     triton_network: str | None = None, at_rest: bool = False) -> CapacityReport:
     """``server_kind`` as ``mme serve --server`` takes it, ``triton_network`` as its ``--triton-network``
     (None: ``$MME_TRITON_NETWORK``, else private); ``memory``: what is counted, "gpu"
     (NVML, the whole device), "host" (RSS of the server's process tree) or "auto" (the GPU
-    whenever one is visible and the artifact is not a CPU one)."""
+    whenever one is visible and the artifact is not a CPU one).
+
+    Each copy is read twice: right after its load (at rest), and after requests at its max
+    batch size and smaller ones (WARMUP_BATCHES; loaded: what it holds while serving). The
+    prediction counts the loaded figure unless ``at_rest``. No copy is loaded once the
+    next one would take memory past the limit (not only the threshold)."""
     import os
     import tempfile
 
@@ -173,14 +226,26 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
     from serving.memory import choose_meter
     from serving.triton.config import TritonServerConfig, default_network
     from serving.triton.factory import choose_cache_root, choose_kind, create_server, server_class
+    from serving.startup_checks import artifact_directories, check_server_runs
+    from serving.warm_batch import batched_request
     from serving.triton.sagemaker_serve import sagemaker_settings_from_environ
 
     reporter = reporter or Reporter(quiet=True)
+    artifact = Path(artifact)
     if not (artifact / MANIFEST_NAME).is_file():
+        found = artifact_directories(artifact) if artifact.is_dir() else []
+        if found:
+            raise UsageError(f"{artifact} is above the artifact directories; pass one of them: "
+                             + " or ".join(map(str, found[:4])))
         raise UsageError(f"{artifact} has no manifest.json; point at artifacts/<model>/<format> made by 'mme package'")
     manifest = Manifest.load(artifact)
     tarball = manifest.tarball
     kind = choose_kind(server_kind)
+    check_server_runs(manifest, kind, str(artifact))
+    sample = manifest.sample_request
+    warmups = [batched_request(artifact, sample.binary_file, sample.binary_header_size, batch)
+               for batch in warmup_batches(manifest.triton.max_batch_size)]
+    max_batch = max(w.batch for w in warmups)
     root = choose_cache_root(cache_dir, server_class(kind).required_model_root())
     with tempfile.TemporaryDirectory(prefix="mme-capacity-") as tmp:
         cache = ModelCache(root or Path(tmp), CopiesSource(LocalDirSource(artifact), max_copies + cycles + 1))
@@ -200,42 +265,68 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
                 time.sleep(0.2)  # let the stub settle
                 return meter.used()
 
-            def load(target: str) -> float:
+            def load(target: str) -> tuple[float, str]:
                 cached = cache.fetch(target)
                 started = time.perf_counter()
                 control.load(cached.container_name, server.model_url(cached.model_dir), target=target)
-                return time.perf_counter() - started
+                return time.perf_counter() - started, cached.container_name
+
+            def warm(name: str, target: str) -> None:
+                for request in warmups:
+                    result = control.invoke(name, request.body, request.content_type, target=target)
+                    if not result.ok:
+                        raise MmeError(f"{target} failed its warm-up request at batch {request.batch} (HTTP "
+                                       f"{result.status}: {result.body[:200].decode(errors='replace').strip()}); "
+                                       "the model cannot serve its own max batch size here")
 
             baseline = used()
-            reporter.info(f"==> capacity of {manifest.model} ({manifest.format}): baseline {baseline / 2**20:.0f} MiB, "
-                          f"limit {limit / 2**20:.0f} MiB, threshold {threshold:.0%}; counting {meter.description}")
+            mib = 2**20
+            reporter.info(f"==> capacity of {manifest.model} ({manifest.format}): baseline {baseline / mib:.0f} MiB, "
+                          f"limit {limit / mib:.0f} MiB, threshold {threshold:.0%}; counting {meter.description}; "
+                          f"each copy at rest and after requests at batch {', '.join(str(w.batch) for w in warmups)}")
             readings = Readings(manifest.model, manifest.format, meter.description, limit, threshold, baseline)
 
             def load_next() -> CapacityStep:
-                seconds = load(copy_name(tarball, len(readings.steps) + 1))
-                step = readings.record(used(), seconds)
-                reporter.info(f"  copy {step.copies:>3}: {step.memory_bytes / 2**20:8.0f} MiB (+{step.delta_bytes / 2**20:.0f} MiB, "
-                              f"loaded in {seconds:.2f} s, {step.memory_bytes / limit:.1%} of the limit)")
+                target = copy_name(tarball, len(readings.steps) + 1)
+                seconds, name = load(target)
+                rest = used()
+                warm(name, target)
+                step = readings.record(used(), seconds, rest_bytes=rest)
+                reporter.info(f"  copy {step.copies:>3}: {step.memory_bytes / mib:8.0f} MiB (+{(rest - step.memory_bytes + step.delta_bytes) / mib:.0f} "
+                              f"MiB at rest, +{step.delta_bytes / mib:.0f} MiB loaded; loaded in {seconds:.2f} s, "
+                              f"{step.memory_bytes / limit:.1%} of the limit)")
                 return step
 
-            for _ in range(probe_copies):
+            def next_fits() -> bool:
+                """Whether one more copy, as large as the largest so far, stays under the limit."""
+                largest = max((s.delta_bytes for s in readings.steps), default=0)
+                return readings.memory_bytes + largest <= limit
+
+            load_next()  # one copy is needed to measure anything
+            while len(readings.steps) < probe_copies and next_fits():
                 load_next()
             probes = tuple(readings.steps)
-            footprint = Footprint.of(probes)
+            footprint = Footprint.of(probes, at_rest=at_rest)
             predicted = predict(baseline, footprint.mean_bytes, limit, threshold)
-            reporter.info(f"  {footprint.line()}: predicted {predicted} copies under {threshold:.0%}")
+            reporter.info(f"  {'at rest' if at_rest else 'loaded'}: {footprint.line()}: predicted {predicted} copies "
+                          f"under {threshold:.0%}" + (f" (a limit of {_size(limit_for_one(baseline, footprint.mean_bytes, threshold))} "
+                                                      "or more fits one)" if predicted == 0 else ""))
             if verify:
                 if predicted > max_copies:
                     raise UsageError(f"{predicted} copies predicted: more than --max-copies {max_copies}; "
                                      "pass a smaller --memory-limit or --no-verify")
-                while readings.memory_bytes <= readings.budget_bytes and len(readings.steps) < max_copies:
+                while (readings.memory_bytes <= readings.budget_bytes and len(readings.steps) < max_copies
+                       and next_fits()):
                     load_next()
+                if not next_fits():
+                    reporter.info(f"  stopped: one more copy would take memory past the limit ({limit / mib:.0f} MiB)")
                 reporter.info(f"  actual: {readings.fitted()} copies fit (predicted {predicted})")
             leak = (_leak_check(control, cache, server, tarball, len(readings.steps), cycles, used, reporter)
                     if cycles else None)
         finally:
             server.stop()
-    return build_report(readings, probes, verified=verify, leak_check=leak, instances=instances)
+    return build_report(readings, probes, verified=verify, leak_check=leak, instances=instances, at_rest=at_rest,
+                        warmup_batch=max_batch)
 
 
 def _leak_check(control, cache, server, tarball, loaded, cycles, used, reporter) -> dict:
@@ -262,14 +353,27 @@ def write_report(report: CapacityReport, out: Path) -> Path:
     return path
 
 
+def _size(n: int) -> str:
+    """A byte count as mme's --memory-limit takes it: 2.5G, 700M."""
+    return f"{n / 2**30:.1f}G" if n >= 2**30 else f"{math.ceil(n / 2**20)}M"
+
+
 def format_table(report: CapacityReport) -> str:
     mib = 2**20
+    both = ""
+    if report.footprint_rest_mean_bytes is not None and report.footprint_loaded_mean_bytes is not None:
+        both = (f"; at rest {report.footprint_rest_mean_bytes / mib:.0f} MiB (predicts {report.predicted_copies_rest}), "
+                f"loaded after batch-{report.warmup_batch} requests {report.footprint_loaded_mean_bytes / mib:.0f} MiB "
+                f"(predicts {report.predicted_copies_loaded})")
     lines = [
         f"model {report.model} ({report.format}); memory measured as {report.memory_kind}",
         f"baseline {report.baseline_bytes / mib:.0f} MiB; per copy mean {report.footprint_mean_bytes / mib:.0f} MiB "
-        f"(min {report.footprint_min_bytes / mib:.0f}, max {report.footprint_max_bytes / mib:.0f})",
+        f"(min {report.footprint_min_bytes / mib:.0f}, max {report.footprint_max_bytes / mib:.0f}), counted "
+        f"{report.counted}{both}",
         f"this host: limit {report.limit_bytes / mib:.0f} MiB at {report.threshold:.0%}: predicted {report.predicted_copies}"
-        + (f", actual {report.actual_copies}" if report.actual_copies is not None else ""),
+        + (f", actual {report.actual_copies}" if report.actual_copies is not None else "")
+        + (f" (one copy fits under a limit of {_size(report.limit_for_one_bytes)} or more)"
+           if report.predicted_copies == 0 and report.limit_for_one_bytes else ""),
         f"{'instance':<18}{'GPU':<6}{'memory':>10}{'copies':>8}",
     ]
     lines += [f"{p.instance_type:<18}{p.gpu:<6}{p.memory_bytes / 2**30:>7.0f} GiB{p.copies:>8}" for p in report.projections]

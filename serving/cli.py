@@ -67,8 +67,8 @@ def register_serve(subparsers) -> None:
                       help="the EndpointName this endpoint answers for; others get ValidationError (default: %(default)s)")
     sage.add_argument("--variant-name", default="AllTraffic",
                       help="its production variant; another TargetVariant gets ValidationError (default: %(default)s)")
-    sage.add_argument("--account", default="000000000000", help="AWS account id in error messages and LogStreamArn")
-    sage.add_argument("--region", default="us-east-1", help="AWS region in error messages and LogStreamArn")
+    sage.add_argument("--account", default="000000000000", help="AWS account id in error messages and LogStreamArn (default: %(default)s)")
+    sage.add_argument("--region", default="us-east-1", help="AWS region in error messages and LogStreamArn (default: %(default)s)")
     sage.add_argument("--model-wait-timeout", type=positive_float, default=60.0, metavar="S",
                       help="a request whose model is still downloading or loading after S seconds gets 429 "
                       "ModelNotReadyException while the load goes on (default: 60, as SageMaker)")
@@ -89,7 +89,7 @@ def register_serve(subparsers) -> None:
     access.add_argument("--require-signature", action="store_true",
                         help="answer only invocations SigV4-signed with --access-key-id/--secret-access-key, as AWS "
                         "checks them (other keys: UnrecognizedClientException; wrong secret or a signature older "
-                        "than 15 minutes: InvalidSignatureException); /ping, /metrics and /models stay open")
+                        "than 15 minutes: InvalidSignatureException); /ping, /metrics, /models and /targets stay open")
     access.add_argument("--access-key-id", default=os.environ.get(ACCESS_KEY_ENV),
                         help=f"the access key clients sign with (default: ${ACCESS_KEY_ENV})")
     access.add_argument("--secret-access-key", default=os.environ.get(SECRET_KEY_ENV),
@@ -120,13 +120,10 @@ def run(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         endpoint.start_in_thread()
-        keys = (f"aws_access_key_id='{options.access_key_id}', aws_secret_access_key=<its secret>"
-                if options.require_signature else "aws_access_key_id='local', aws_secret_access_key='local'")
         reporter.info(f"==> local MME at {endpoint.url} (models from {args.models}; {endpoint.server.name} pid "
                       f"{endpoint.server.pid}; memory: {endpoint.meter.description})")
-        reporter.info(f"    boto3.client('sagemaker-runtime', endpoint_url='{endpoint.url}', region_name="
-                      f"'{options.region}', {keys}).invoke_endpoint("
-                      f"EndpointName='{options.endpoint_name}', TargetModel='<name>.tar.gz', ...)")
+        reporter.info(f"    TargetModel: {targets_text(endpoint.targets) or 'none yet'}")
+        reporter.info(f"    try it: {client_example(endpoint, options)}")
         if endpoint.server.network is not None:
             reporter.info(f"    Triton runs {endpoint.server.network.describe()}")
         if settings:
@@ -148,6 +145,38 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+MAX_TARGETS_SHOWN = 6
+
+
+def targets_text(targets: tuple[str, ...]) -> str:
+    """The names the endpoint answers for, a few of them when there are many."""
+    shown = ", ".join(targets[:MAX_TARGETS_SHOWN])
+    return shown + (f" and {len(targets) - MAX_TARGETS_SHOWN} more" if len(targets) > MAX_TARGETS_SHOWN else "")
+
+
+def client_example(endpoint, options) -> str:
+    """A command that invokes the endpoint as shown: boto3 with the region and keys it needs,
+    the first target and, for an artifact directory, its sample request."""
+    import shlex
+    from pathlib import Path
+
+    from packager.manifest import MANIFEST_NAME, Manifest
+
+    body, content_type = "b'...your request body...'", "application/json"
+    directory = Path(options.models.removeprefix("file://"))
+    if not options.models.startswith("s3://") and (directory / MANIFEST_NAME).is_file():
+        sample = Manifest.load(directory).sample_request
+        body = f"open({str(directory / sample.json_file)!r}, 'rb').read()"
+    secret = (f"os.environ['{SECRET_KEY_ENV}']" if options.require_signature else "'local'")
+    target = endpoint.targets[0] if endpoint.targets else "<name>.tar.gz"
+    key = repr(options.access_key_id) if options.require_signature else "'local'"
+    code = (f"import boto3, os; r = boto3.client('sagemaker-runtime', endpoint_url='{endpoint.url}', "
+            f"region_name='{options.region}', aws_access_key_id={key}, aws_secret_access_key={secret})"
+            f".invoke_endpoint(EndpointName='{options.endpoint_name}', TargetModel='{target}', "
+            f"ContentType='{content_type}', Body={body}); print(r['Body'].read()[:300])")
+    return f"python -c {shlex.quote(code)}"
+
+
 def register_capacity(subparsers) -> None:
     p = subparsers.add_parser(
         "capacity",
@@ -157,7 +186,7 @@ def register_capacity(subparsers) -> None:
         "With --endpoint NAME: the same loop against a deployed multi-model endpoint, copies made in S3 by "
         "server-side copy and memory read through a small gpu-metrics model deployed beside them.",
     )
-    p.add_argument("artifact", nargs="?", help="artifacts/<model>/<format> made by 'mme package' (local loop)")
+    p.add_argument("artifact", nargs="?", help="artifacts/<model>/<format> made by 'mme package' (or --artifact)")
     p.add_argument("--threshold", type=fraction, default=0.9, help="share of the memory limit (default: 0.9)")
     p.add_argument("--memory-limit", type=byte_size, help="memory to fill, e.g. 2G (default: the GPU's memory, or this host's RAM)")
     add_triton_network(p)
@@ -168,8 +197,11 @@ def register_capacity(subparsers) -> None:
     p.add_argument("--probe-copies", type=positive_int, default=None,
                    help="copies measured for the prediction (default: 3; local loop)")
     p.add_argument("--no-verify", dest="verify", action="store_false", help="predict only; don't load to the threshold")
+    p.add_argument("--at-rest", action="store_true",
+                   help="predict from each copy's memory right after its load instead of after requests at its max "
+                   "batch size (the articles' count; copies grow under load; both are reported either way)")
     p.add_argument("--cycles", type=int, default=0, metavar="N", help="leak check: load and unload one copy N times")
-    p.add_argument("--max-copies", type=positive_int, default=200, help="stop verifying after this many copies")
+    p.add_argument("--max-copies", type=positive_int, default=200, help="stop verifying after this many copies (default: %(default)s)")
     p.add_argument("--instances", help="TOML table of instance types to project onto (see serving/instances.toml)")
     p.add_argument("--out", default="results", help="where the JSON report goes (default: %(default)s)")
     remote = p.add_argument_group("deployed endpoint (--endpoint)")
@@ -179,31 +211,34 @@ def register_capacity(subparsers) -> None:
     remote.add_argument("--s3", help="s3://bucket/prefix the endpoint serves (its ModelDataUrl)")
     remote.add_argument("--s3-endpoint-url", help="S3-compatible endpoint for --s3")
     remote.add_argument("--artifact", dest="remote_artifact", metavar="ARTIFACT",
-                        help="artifacts/<model>/<format> whose tarball is copied and invoked")
+                        help="the same as ARTIFACT: artifacts/<model>/<format> (with --endpoint, its tarball is copied "
+                        "and invoked)")
     p.set_defaults(func=run_capacity)
 
 
 _REMOTE_OPTIONS = (("endpoint_url", "--endpoint-url"), ("region", "--region"), ("s3", "--s3"),
-                   ("s3_endpoint_url", "--s3-endpoint-url"), ("remote_artifact", "--artifact"))
+                   ("s3_endpoint_url", "--s3-endpoint-url"))
 
 
 def _check_capacity_args(args: argparse.Namespace) -> None:
     from mme.errors import UsageError
 
+    # ARTIFACT and --artifact are one thing, for either loop
+    if args.artifact and args.remote_artifact and args.artifact != args.remote_artifact:
+        raise UsageError(f"ARTIFACT {args.artifact} and --artifact {args.remote_artifact} differ; give the artifact once")
+    args.artifact = args.remote_artifact = args.artifact or args.remote_artifact
     if args.endpoint is None:
         given = [flag for name, flag in _REMOTE_OPTIONS if getattr(args, name) is not None]
         if given:
             raise UsageError(f"{', '.join(given)} only apply with --endpoint NAME (the loop against a deployed endpoint)")
         if args.artifact is None:
             raise UsageError("pass ARTIFACT (artifacts/<model>/<format>) for the local loop, or --endpoint NAME "
-                             "--s3 s3://bucket/prefix --artifact ARTIFACT for a deployed endpoint")
+                             "--s3 s3://bucket/prefix ARTIFACT for a deployed endpoint")
         return
-    if args.artifact is not None:
-        raise UsageError(f"with --endpoint pass the artifact as --artifact {args.artifact} (positional ARTIFACT "
-                         "is the local loop)")
     local = [flag for flag, used in (("--memory-limit", args.memory_limit is not None),
                                      ("--probe-copies", args.probe_copies is not None),
                                      ("--no-verify", not args.verify), ("--cycles", args.cycles != 0),
+                                     ("--at-rest", args.at_rest),
                                      ("--server", args.server != "auto"), ("--memory", args.memory != "auto")) if used]
     if local:
         raise UsageError(f"{', '.join(local)} only apply to the local loop, not with --endpoint: the endpoint's "
@@ -213,7 +248,7 @@ def _check_capacity_args(args: argparse.Namespace) -> None:
     if args.s3 is None:
         raise UsageError("--endpoint needs --s3 s3://bucket/prefix: the prefix the endpoint serves models from")
     if args.remote_artifact is None:
-        raise UsageError("--endpoint needs --artifact artifacts/<model>/<format>: the model whose copies are loaded")
+        raise UsageError("--endpoint needs ARTIFACT (artifacts/<model>/<format>): the model whose copies are loaded")
 
 
 def run_capacity(args: argparse.Namespace) -> int:
@@ -231,7 +266,7 @@ def run_capacity(args: argparse.Namespace) -> int:
         Path(args.artifact), threshold=args.threshold, limit_bytes=args.memory_limit,
         probe_copies=args.probe_copies or 3, verify=args.verify, cycles=max(0, args.cycles),
         max_copies=args.max_copies, instances=instances, reporter=reporter, server_kind=args.server, memory=args.memory,
-        triton_network=args.triton_network,
+        triton_network=args.triton_network, at_rest=args.at_rest,
     )
     print(format_table(report))
     path = write_report(report, Path(args.out))

@@ -7,7 +7,7 @@ allows unsigned requests); signatures are verified only when the front is given 
 ValidationError, another ``X-Amzn-SageMaker-Target-Variant`` a ValidationError, a body over
 6 MiB a 413 before it is read. Also ``GET /ping``,
 ``GET /metrics`` (Prometheus text), ``GET /metrics.json`` (the snapshot the bench reads)
-and ``GET /models`` (what is loaded). aiohttp keeps connections alive and sets
+``GET /models`` (what is loaded) and ``GET /targets`` (every TargetModel it answers for). aiohttp keeps connections alive and sets
 TCP_NODELAY on its sockets, so no request waits on Nagle's algorithm.
 
 The endpoint answers each invocation with a typed outcome (serving/outcomes.py);
@@ -162,6 +162,17 @@ async def models(request: web.Request) -> web.Response:
     return web.json_response({"models": request.app[ENDPOINT_KEY].loaded_models()})
 
 
+async def targets(request: web.Request) -> web.Response:
+    """Every TargetModel the endpoint answers for (its source's .tar.gz objects, copies included), so a
+    client can check its names before it sends anything."""
+    import asyncio
+
+    from serving.startup_checks import tarball_targets
+
+    listed = await asyncio.to_thread(tarball_targets, request.app[ENDPOINT_KEY].cache.source)
+    return web.json_response({"targets": list(listed)})
+
+
 def build_app(endpoint: MultiModelEndpoint, credentials: sigv4.Credentials | None = None) -> web.Application:
     """The front; with ``credentials`` only invocations signed with that key pair are answered."""
     app = web.Application(client_max_size=endpoint.config.max_payload_bytes + 1)
@@ -173,4 +184,5 @@ def build_app(endpoint: MultiModelEndpoint, credentials: sigv4.Credentials | Non
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/metrics.json", metrics_json)
     app.router.add_get("/models", models)
+    app.router.add_get("/targets", targets)
     return app

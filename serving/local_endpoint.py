@@ -27,6 +27,7 @@ from serving.instance_metrics import InstanceSampler
 from serving.front import build_app
 from serving.memory import MemoryMeter, choose_meter
 from serving.sigv4_verify import Credentials
+from serving.startup_checks import check_server_runs, served_targets
 from serving.store import source_from_uri
 from serving.triton.config import TritonServerConfig, default_network
 from serving.triton.factory import choose_cache_root, choose_kind, create_server, server_class
@@ -144,7 +145,12 @@ class LocalEndpoint:
         source = source_from_uri(options.models, endpoint_url=options.s3_endpoint_url)
         if options.copies:
             source = CopiesSource(source, options.copies)
+        self.targets = served_targets(source, options.models)  # something to serve, or one line saying what to pass
+        if not self.targets:
+            self.reporter.warn(f"{options.models} holds no <name>.tar.gz yet: objects put there are served on their "
+                               "first request")
         kind = choose_kind(options.server_kind)
+        check_server_runs(manifest, kind, options.models)
         # As SageMaker's image runs it: HTTP, gRPC and metrics off, SAGEMAKER_TRITON_* honoured.
         config = TritonServerConfig(sagemaker_port=0, http_port=None, grpc_port=None, metrics_port=None,
                                     sagemaker_env=dict(options.sagemaker_env), network=options.triton_network)

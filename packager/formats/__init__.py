@@ -25,7 +25,11 @@ def parse_formats(text: str) -> tuple[str, ...]:
         raise UsageError(f"--formats is empty; choose from {', '.join(FORMATS)} (or 'all')")
     for name in names:
         if name not in FORMATS:
-            raise UsageError(f"unknown format {name!r}; choose from {', '.join(FORMATS)} (or 'all')")
+            import difflib
+
+            close = difflib.get_close_matches(name.lower().replace("_", "-"), FORMATS, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise UsageError(f"unknown format {name!r}; {hint}choose from {', '.join(FORMATS)} (or 'all')")
     return names
 
 

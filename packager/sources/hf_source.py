@@ -9,6 +9,7 @@ with random weights (``--no-pretrained``) without reaching the hub.
 from __future__ import annotations
 
 import fnmatch
+import logging
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -104,11 +105,24 @@ class _Encoder:
         return EncoderOutputs(model, with_pooler).eval(), with_pooler
 
 
+class _NoLossWarning(logging.Filter):
+    """transformers warns "`loss_type=None` was set in the config but it is unrecognized" when
+    anything reads an encoder's ``loss_function`` (torch.jit.trace looks at every attribute).
+    An export computes no loss: the line only alarms users."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "loss_type=" not in record.getMessage()
+
+
+_NO_LOSS_WARNING = _NoLossWarning()
+
+
 def load(request: ModelRequest, reporter: Reporter) -> LoadedModel:
     import torch
     from transformers import AutoConfig, AutoModel
 
     name = request.name
+    logging.getLogger("transformers.modeling_utils").addFilter(_NO_LOSS_WARNING)  # once: filters are a set
 
     def random_model():
         torch.manual_seed(request.seed)

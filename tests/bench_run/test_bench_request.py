@@ -3,7 +3,7 @@ library callers (`mme demo`) alike."""
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
@@ -39,3 +39,17 @@ def test_every_option_reaches_its_field() -> None:
 def test_a_library_caller_gets_the_same_one_line_errors(change: dict, message: str) -> None:
     with pytest.raises(UsageError, match=message):
         build_config(BenchRequest(endpoint="e", endpoint_url="http://127.0.0.1:9", **change), "", Path())
+
+
+def test_the_master_port_defaults_to_the_workers_default_when_remote_workers_are_expected() -> None:
+    from bench.config import WORKER_MASTER_PORT
+    from tests.bench_run.fake_endpoint import FakeEndpoint
+
+    assert _parsed("--endpoint", "e").master_port is None
+    assert _parsed("--endpoint", "e", "--master-port", "6000").master_port == 6000
+    assert build_parser().parse_args(["bench-worker", "--master-host", "h"]).master_port == WORKER_MASTER_PORT
+    with FakeEndpoint() as endpoint:
+        request = BenchRequest(endpoint="e", endpoint_url=endpoint.url, mode="single")
+        assert build_config(request, "r", Path()).master_port == 0  # local workers only: any free port
+        remote = build_config(replace(request, expect_workers=1), "r", Path())
+        assert remote.master_port == WORKER_MASTER_PORT

@@ -107,3 +107,17 @@ def test_missing_shape_file_and_bad_options():
         build_plan("sawtooth")
     with pytest.raises(UsageError, match="--time-scale"):
         build_plan("constant", users=3, duration_s=4, time_scale=0.5)
+
+
+def test_duration_stretches_the_staged_and_file_shapes(tmp_path):
+    staged = build_plan("staged", duration_s=170)
+    assert staged.duration_s == pytest.approx(170) and len(staged.stages) == len(ARTICLE_STAGES)
+    assert [s.users for s in staged.stages] == [s.users for s in ARTICLE_STAGES]
+    assert staged.stages == build_plan("staged", time_scale=0.5).stages
+    path = tmp_path / "shape.json"
+    path.write_text('[{"duration": 3, "users": 2, "spawn_rate": 1}, {"duration": 6, "users": 4, "spawn_rate": 1}]')
+    assert build_plan(f"file:{path}", duration_s=12).stages[-1].end_s == pytest.approx(12)
+    with pytest.raises(MmeError, match="not both"):
+        build_plan("staged", duration_s=170, time_scale=0.5)
+    with pytest.raises(MmeError, match="sets its own users"):
+        build_plan("staged", users=3)

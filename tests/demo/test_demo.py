@@ -22,4 +22,9 @@ def test_demo_end_to_end(tmp_path, capsys):
     capacity = json.loads((run_dir / "capacity.json").read_text())
     run = json.loads((run_dir / "run.json").read_text())
     assert run["copies"] == min(4, capacity["actual_copies"])
+    # copies counted as they are while serving: served under the same limit, they stay under it
+    assert capacity["counted"] == "loaded" and capacity["limit_bytes"] == 300 * 2**20
+    peak = max(s["memory_utilization"] for s in summary["stages"] if s["memory_utilization"] is not None)
+    assert 0 < peak <= 100, peak
+    assert summary["overall"]["failures"] == 0
     assert (run_dir / "latency_throughput.png").stat().st_size > 10_000

@@ -161,6 +161,7 @@ def test_a_cache_dir_elsewhere_is_refused_where_triton_loads_only_from_opt_ml_mo
     monkeypatch.setenv("TRITON_SERVER_VERSION", "2.71.0")
     models = tmp_path / "models"
     models.mkdir()
+    (models / "m.tar.gz").touch()  # something to serve: mme serve refuses an empty directory
     options = LocalEndpointOptions(models=str(models), server_kind="system", cache_dir=tmp_path / "cache", memory="host")
     with pytest.raises(UsageError) as info:
         LocalEndpoint(options)

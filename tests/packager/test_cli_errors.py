@@ -39,6 +39,12 @@ def test_bad_format(tmp_path, capsys, formats):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("given, meant", [("ONNX", "onnx"), ("cpu_local", "cpu-local"), ("TensorRT", "tensorrt")])
+def test_a_misspelt_format_gets_the_one_meant(tmp_path, capsys, given, meant):
+    code, _, err = run_cli(capsys, "package", "test_resnet", "--formats", given, "--out", str(tmp_path))
+    assert_one_line_error(code, err, f"unknown format {given!r}; did you mean {meant!r}?")
+
+
 @pytest.mark.parametrize("value", ["0", "-4", "eight"])
 def test_bad_batch_size(tmp_path, capsys, value):
     code, _, err = run_cli(capsys, "package", "test_resnet", "--max-batch-size", value, "--out", str(tmp_path))

@@ -110,3 +110,30 @@ def test_seq_len_beyond_positions_is_refused(tiny_text_artifacts, tmp_path, caps
                            "--out", str(tmp_path))
     assert code == 2
     assert "--seq-len 100 exceeds" in err.splitlines()[-1]
+
+
+def test_a_text_export_says_its_inputs_plainly_and_no_loss_warning(tmp_path, capfd):
+    """transformers' "`loss_type=None` ... unrecognized" line (torch.jit.trace reads the encoder's
+    loss_function) is not shown: an export computes no loss. Dynamic axes are named plainly."""
+    import logging
+
+    from mme.cli import main
+
+    seen: list[str] = []
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    logger = logging.getLogger("transformers.modeling_utils")
+    handler = Seen()
+    logger.addHandler(handler)
+    try:
+        code = main(["package", "distilbert-base-uncased", "--no-pretrained", "--formats", "torchscript",
+                     "--seq-len", "32", "--out", str(tmp_path)])
+    finally:
+        logger.removeHandler(handler)
+    captured = capfd.readouterr()
+    assert code == 0, captured.err
+    assert "inputs input_ids[sequence], attention_mask[sequence]" in captured.err
+    assert not [m for m in seen if "loss_type" in m], seen

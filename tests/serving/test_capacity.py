@@ -27,6 +27,26 @@ def test_capacity_prediction_matches_what_fits(packaged_test_resnet, tmp_path, c
     g5 = next(p for p in report["projections"] if p["instance_type"] == "ml.g5.2xlarge")
     assert g6e["copies"] >= 2 * g5["copies"]
     assert f"predicted {predicted}, actual {actual}" in out
+    # each copy read at rest and after requests at its max batch size; the prediction counts the latter
+    assert report["counted"] == "loaded" and report["warmup_batch"] == packaged_test_resnet.manifest.triton.max_batch_size
+    assert report["footprint_loaded_mean_bytes"] == report["footprint_mean_bytes"]
+    assert report["footprint_loaded_mean_bytes"] > report["footprint_rest_mean_bytes"] > 0
+    assert report["predicted_copies_rest"] >= report["predicted_copies_loaded"] == predicted
+    assert all(0 < s["rest_delta_bytes"] <= s["delta_bytes"] for s in report["steps"][:actual])
+    assert max(s["memory_bytes"] for s in report["steps"]) <= report["limit_bytes"]  # never loaded past the limit
+    assert "at rest" in out and "loaded after batch-" in out
+
+
+def test_a_limit_too_small_for_one_copy_loads_one_and_says_what_limit_would_fit(packaged_test_resnet, tmp_path,
+                                                                                   capsys):
+    code = main(["capacity", str(packaged_test_resnet.directory), "--memory-limit", "120M", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0
+    report = json.loads((tmp_path / "capacity_test_resnet_cpu-local.json").read_text())
+    assert len(report["steps"]) == 1 and report["predicted_copies"] == 0  # one copy to measure, none past it
+    needed = report["limit_for_one_bytes"]
+    assert needed * 0.9 >= report["baseline_bytes"] + report["footprint_mean_bytes"] > report["limit_bytes"] * 0.9
+    assert "one copy fits under a limit of" in out
 
 
 def test_both_loops_share_one_report_from_their_readings():

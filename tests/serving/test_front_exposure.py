@@ -51,6 +51,7 @@ def test_open_front_warning_names_the_address_the_risk_and_the_remedies():
 
 
 def _quiet_options(tmp_path: Path, **kwargs) -> LocalEndpointOptions:
+    (tmp_path / "m.tar.gz").touch()  # something to serve: mme serve refuses an empty directory
     return LocalEndpointOptions(models=str(tmp_path), port=0, server_kind="local", **kwargs)
 
 
