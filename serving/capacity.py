@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import math
 import statistics
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -33,15 +35,16 @@ SCHEMA_VERSION = 1
 LOADED = "loaded"  # after a warm-up at the max batch size: what a copy holds while serving
 AT_REST = "at rest"  # right after its load, before any request: what the articles count
 AFTER_LOAD = "after its load, no warm-up at the max batch size"  # the remote loop: loaded by one request
-# per copy, as fractions of the max batch size: the largest first, then smaller ones (an
-# allocator's arena keeps blocks of each shape it served), then the largest again
-WARMUP_BATCHES = (1.0, 0.5, 0.25, 1.0)
+CONCURRENCY = 16  # then this many callers at once (--concurrency), batch 1 each,
+BURST_PER_BATCH = 4  # sending this many requests per unit of max batch size between them
 
 
 def warmup_batches(max_batch: int) -> tuple[int, ...]:
-    """The batch sizes of a copy's warm-up requests for a model of ``max_batch`` (0: no batching)."""
+    """The batch sizes of a copy's warm-up requests for a model of ``max_batch`` (0: no
+    batching): every size the dynamic batcher can form, largest first (an allocator's arena
+    keeps blocks for each shape it served), then the largest again."""
     top = max(1, max_batch)
-    return tuple(max(1, round(top * f)) for f in WARMUP_BATCHES)
+    return (*range(top, 0, -1), top)
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,8 @@ class CapacityReport:
     leak_check: dict | None
     schema_version: int = SCHEMA_VERSION
     counted: str = LOADED  # what a copy was counted at: LOADED (after a warm-up at max batch), AT_REST or AFTER_LOAD
-    warmup_batch: int | None = None  # the batch size of the warm-up requests (None: none sent)
+    warmup_batch: int | None = None  # the largest batch of the warm-up requests (None: none sent)
+    warmup_concurrency: int | None = None  # callers at once in the warm-up burst
     footprint_loaded_mean_bytes: int | None = None  # per copy after the warm-up (None: not measured)
     footprint_rest_mean_bytes: int | None = None  # per copy right after its load
     predicted_copies_loaded: int | None = None
@@ -173,7 +177,7 @@ def limit_for_one(baseline: int, footprint: float, threshold: float) -> int:
 
 def build_report(readings: Readings, footprint_steps: Sequence[CapacityStep] | None = None, *, verified: bool = True,
                  leak_check: dict | None = None, instances: dict[str, dict] | None = None, at_rest: bool = False,
-                 warmup_batch: int | None = None) -> CapacityReport:
+                 warmup_batch: int | None = None, warmup_concurrency: int | None = None) -> CapacityReport:
     """Readings -> per-copy footprint (over ``footprint_steps``, default all steps; loaded,
     or ``at_rest``) -> prediction -> copies that fit (when the loop went on to the threshold:
     ``verified``) -> projections onto instance types -> the report both loops write. Where
@@ -198,7 +202,7 @@ def build_report(readings: Readings, footprint_steps: Sequence[CapacityStep] | N
         actual_copies=readings.fitted() if verified else None,
         projections=project(readings.baseline_bytes, footprint, readings.threshold, instances), leak_check=leak_check,
         counted=AT_REST if at_rest else LOADED if warmup_batch is not None else AFTER_LOAD, warmup_batch=warmup_batch,
-        footprint_loaded_mean_bytes=int(loaded.mean_bytes) if loaded else None,
+        warmup_concurrency=warmup_concurrency, footprint_loaded_mean_bytes=int(loaded.mean_bytes) if loaded else None,
         footprint_rest_mean_bytes=int(rest.mean_bytes) if rest else None,
         predicted_copies_loaded=predicted(loaded), predicted_copies_rest=predicted(rest),
         limit_for_one_bytes=limit_for_one(readings.baseline_bytes, footprint.mean_bytes, readings.threshold),
@@ -209,15 +213,18 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
                      verify: bool = True, cycles: int = 0, max_copies: int = 500,
                      instances: dict[str, dict] | None = None, reporter: Reporter | None = None,
                      cache_dir: Path | None = None, server_kind: str = "local", memory: str = "auto",
-                     triton_network: str | None = None, at_rest: bool = False) -> CapacityReport:
+                     triton_network: str | None = None, at_rest: bool = False,
+                     concurrency: int = CONCURRENCY) -> CapacityReport:
     """``server_kind`` as ``mme serve --server`` takes it, ``triton_network`` as its ``--triton-network``
     (None: ``$MME_TRITON_NETWORK``, else private); ``memory``: what is counted, "gpu"
     (NVML, the whole device), "host" (RSS of the server's process tree) or "auto" (the GPU
     whenever one is visible and the artifact is not a CPU one).
 
     Each copy is read twice: right after its load (at rest), and after requests at its max
-    batch size and smaller ones (WARMUP_BATCHES; loaded: what it holds while serving). The
-    prediction counts the loaded figure unless ``at_rest``. No copy is loaded once the
+    batch size and every smaller one (warmup_batches), then a burst of batch-1 requests from many
+    callers at once (queues, dynamic batches) (loaded: what it holds while serving). The
+    prediction counts the loaded figure unless ``at_rest``. A copy keeps growing with the
+    requests queued on it: ``concurrency`` is how many callers the burst has. No copy is loaded once the
     next one would take memory past the limit (not only the threshold)."""
     import os
     import tempfile
@@ -246,6 +253,9 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
     warmups = [batched_request(artifact, sample.binary_file, sample.binary_header_size, batch)
                for batch in warmup_batches(manifest.triton.max_batch_size)]
     max_batch = max(w.batch for w in warmups)
+    batch_one = batched_request(artifact, sample.binary_file, sample.binary_header_size, 1)
+    burst_requests = max(BURST_PER_BATCH * max_batch, concurrency)
+    burst_clients: list[ContainerClient] = []
     root = choose_cache_root(cache_dir, server_class(kind).required_model_root())
     with tempfile.TemporaryDirectory(prefix="mme-capacity-") as tmp:
         cache = ModelCache(root or Path(tmp), CopiesSource(LocalDirSource(artifact), max_copies + cycles + 1))
@@ -260,6 +270,13 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
         server.start()
         try:
             control = ContainerClient(server.sagemaker_url)
+            local = threading.local()
+
+            def burst_client() -> ContainerClient:
+                if not hasattr(local, "client"):
+                    local.client = ContainerClient(server.sagemaker_url)
+                    burst_clients.append(local.client)
+                return local.client
 
             def used() -> int:
                 time.sleep(0.2)  # let the stub settle
@@ -271,19 +288,29 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
                 control.load(cached.container_name, server.model_url(cached.model_dir), target=target)
                 return time.perf_counter() - started, cached.container_name
 
+            def check(result, target: str, batch: int) -> None:
+                if not result.ok:
+                    raise MmeError(f"{target} failed its warm-up request at batch {batch} (HTTP "
+                                   f"{result.status}: {result.body[:200].decode(errors='replace').strip()}); "
+                                   "the model cannot serve its own max batch size here")
+
             def warm(name: str, target: str) -> None:
                 for request in warmups:
-                    result = control.invoke(name, request.body, request.content_type, target=target)
-                    if not result.ok:
-                        raise MmeError(f"{target} failed its warm-up request at batch {request.batch} (HTTP "
-                                       f"{result.status}: {result.body[:200].decode(errors='replace').strip()}); "
-                                       "the model cannot serve its own max batch size here")
+                    check(control.invoke(name, request.body, request.content_type, target=target), target, request.batch)
+                # then many callers at once: requests queue in Triton and its dynamic batcher
+                # forms batches of them, as under a load test
+                single = warmups[-1] if max_batch == 1 else batch_one
+                with ThreadPoolExecutor(concurrency) as pool:
+                    for result in pool.map(lambda _: burst_client().invoke(name, single.body, single.content_type,
+                                                                           target=target), range(burst_requests)):
+                        check(result, target, 1)
 
             baseline = used()
             mib = 2**20
             reporter.info(f"==> capacity of {manifest.model} ({manifest.format}): baseline {baseline / mib:.0f} MiB, "
                           f"limit {limit / mib:.0f} MiB, threshold {threshold:.0%}; counting {meter.description}; "
-                          f"each copy at rest and after requests at batch {', '.join(str(w.batch) for w in warmups)}")
+                          f"each copy at rest and after requests at batch {max_batch} down to 1, then "
+                          f"{burst_requests} from {concurrency} callers at once")
             readings = Readings(manifest.model, manifest.format, meter.description, limit, threshold, baseline)
 
             def load_next() -> CapacityStep:
@@ -324,9 +351,11 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
             leak = (_leak_check(control, cache, server, tarball, len(readings.steps), cycles, used, reporter)
                     if cycles else None)
         finally:
+            for client in (control, *burst_clients):
+                client.close()
             server.stop()
     return build_report(readings, probes, verified=verify, leak_check=leak, instances=instances, at_rest=at_rest,
-                        warmup_batch=max_batch)
+                        warmup_batch=max_batch, warmup_concurrency=concurrency)
 
 
 def _leak_check(control, cache, server, tarball, loaded, cycles, used, reporter) -> dict:
@@ -363,7 +392,8 @@ def format_table(report: CapacityReport) -> str:
     both = ""
     if report.footprint_rest_mean_bytes is not None and report.footprint_loaded_mean_bytes is not None:
         both = (f"; at rest {report.footprint_rest_mean_bytes / mib:.0f} MiB (predicts {report.predicted_copies_rest}), "
-                f"loaded after batch-{report.warmup_batch} requests {report.footprint_loaded_mean_bytes / mib:.0f} MiB "
+                f"loaded after requests up to batch {report.warmup_batch} and {report.warmup_concurrency} callers at once "
+                f"{report.footprint_loaded_mean_bytes / mib:.0f} MiB "
                 f"(predicts {report.predicted_copies_loaded})")
     lines = [
         f"model {report.model} ({report.format}); memory measured as {report.memory_kind}",

@@ -197,6 +197,9 @@ def register_capacity(subparsers) -> None:
     p.add_argument("--probe-copies", type=positive_int, default=None,
                    help="copies measured for the prediction (default: 3; local loop)")
     p.add_argument("--no-verify", dest="verify", action="store_false", help="predict only; don't load to the threshold")
+    p.add_argument("--concurrency", type=positive_int, default=None, metavar="N",
+                   help="callers at once in each copy's warm-up burst: a copy grows with the requests queued on it, so "
+                   "give what one copy will see (default: 16; local loop)")
     p.add_argument("--at-rest", action="store_true",
                    help="predict from each copy's memory right after its load instead of after requests at its max "
                    "batch size (the articles' count; copies grow under load; both are reported either way)")
@@ -238,7 +241,7 @@ def _check_capacity_args(args: argparse.Namespace) -> None:
     local = [flag for flag, used in (("--memory-limit", args.memory_limit is not None),
                                      ("--probe-copies", args.probe_copies is not None),
                                      ("--no-verify", not args.verify), ("--cycles", args.cycles != 0),
-                                     ("--at-rest", args.at_rest),
+                                     ("--at-rest", args.at_rest), ("--concurrency", args.concurrency is not None),
                                      ("--server", args.server != "auto"), ("--memory", args.memory != "auto")) if used]
     if local:
         raise UsageError(f"{', '.join(local)} only apply to the local loop, not with --endpoint: the endpoint's "
@@ -254,7 +257,7 @@ def _check_capacity_args(args: argparse.Namespace) -> None:
 def run_capacity(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from serving.capacity import format_table, measure_capacity, write_report
+    from serving.capacity import CONCURRENCY, format_table, measure_capacity, write_report
     from serving.instances import load_instances
 
     _check_capacity_args(args)
@@ -266,7 +269,7 @@ def run_capacity(args: argparse.Namespace) -> int:
         Path(args.artifact), threshold=args.threshold, limit_bytes=args.memory_limit,
         probe_copies=args.probe_copies or 3, verify=args.verify, cycles=max(0, args.cycles),
         max_copies=args.max_copies, instances=instances, reporter=reporter, server_kind=args.server, memory=args.memory,
-        triton_network=args.triton_network, at_rest=args.at_rest,
+        triton_network=args.triton_network, at_rest=args.at_rest, concurrency=args.concurrency or CONCURRENCY,
     )
     print(format_table(report))
     path = write_report(report, Path(args.out))

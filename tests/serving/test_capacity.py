@@ -34,7 +34,7 @@ def test_capacity_prediction_matches_what_fits(packaged_test_resnet, tmp_path, c
     assert report["predicted_copies_rest"] >= report["predicted_copies_loaded"] == predicted
     assert all(0 < s["rest_delta_bytes"] <= s["delta_bytes"] for s in report["steps"][:actual])
     assert max(s["memory_bytes"] for s in report["steps"]) <= report["limit_bytes"]  # never loaded past the limit
-    assert "at rest" in out and "loaded after batch-" in out
+    assert "at rest" in out and "loaded after requests up to batch" in out and report["warmup_concurrency"] == 16
 
 
 def test_a_limit_too_small_for_one_copy_loads_one_and_says_what_limit_would_fit(packaged_test_resnet, tmp_path,
