@@ -144,6 +144,14 @@ def fetch_metrics(base_url: str, timeout_s: float = 5.0) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def fetch_mode(base_url: str, timeout_s: float = 10.0) -> str | None:
+    """"multi" or "single" for a local endpoint (``mme serve --mode``, from ``GET /targets``);
+    None where the endpoint does not say (SageMaker, other servers)."""
+    data = _get_json(base_url, "/targets", timeout_s)
+    mode = data.get("mode") if isinstance(data, dict) else None
+    return mode if mode in ("multi", "single") else None
+
+
 def fetch_targets(base_url: str, timeout_s: float = 10.0) -> tuple[str, ...] | None:
     """``GET {endpoint_url}/targets``: every TargetModel a local endpoint (``mme serve``)
     answers for; None where the endpoint does not list them (SageMaker, other servers)."""

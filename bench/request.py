@@ -106,7 +106,7 @@ def build_config(request: BenchRequest, run_id: str, run_dir: Path) -> "BenchCon
     """The generator's configuration, every option checked (UsageError names the one to fix)."""
     from bench import payload as payloads
     from bench.config import LOOPBACK, WORKER_MASTER_PORT, BenchConfig
-    from bench.endpoint import check_reachable, fetch_targets, resolve_address, resolve_credentials
+    from bench.endpoint import check_reachable, fetch_mode, fetch_targets, resolve_address, resolve_credentials
     from bench.stages import build_plan
     from bench.targets import parse_distribution, resolve_targets
 
@@ -158,6 +158,11 @@ def build_config(request: BenchRequest, run_id: str, run_dir: Path) -> "BenchCon
     address = resolve_address(r.endpoint, r.endpoint_url, r.region)
     _, credentials_note = resolve_credentials(address)
     check_reachable(address)
+    served_mode = fetch_mode(address.url) if address.custom_url else None
+    if served_mode is not None and served_mode != r.mode:
+        raise UsageError(f"the endpoint at {address.url} is a real-time endpoint (mme serve --mode single): pass "
+                         "--mode single" if served_mode == "single" else
+                         f"the endpoint at {address.url} is a multi-model endpoint: leave --mode single out")
     targets: tuple[str, ...] = ()
     if r.mode == "multi" and model:  # checked above: a multi-model bench has a model name
         served = fetch_targets(address.url) if address.custom_url else None

@@ -72,8 +72,9 @@ def capacity_step(artifact: "PackagedArtifact", memory_limit: int, max_copies: i
     the report written under ``out`` as ``mme capacity`` does."""
     from serving.capacity import format_table, measure_capacity, write_report
 
+    # the demo's load test sends binary bodies (bench_step) from up to 200 users at once
     report = measure_capacity(artifact.directory, threshold=THRESHOLD, limit_bytes=memory_limit,
-                              probe_copies=PROBE_COPIES, max_copies=max_copies, reporter=reporter)
+                              probe_copies=PROBE_COPIES, max_copies=max_copies, reporter=reporter, binary=True)
     print(format_table(report))
     print(f"written {write_report(report, out)}")
     return report

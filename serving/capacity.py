@@ -35,8 +35,12 @@ SCHEMA_VERSION = 1
 LOADED = "loaded"  # after a warm-up at the max batch size: what a copy holds while serving
 AT_REST = "at rest"  # right after its load, before any request: what the articles count
 AFTER_LOAD = "after its load, no warm-up at the max batch size"  # the remote loop: loaded by one request
-CONCURRENCY = 16  # then this many callers at once (--concurrency), batch 1 each,
+BURST_CLIENTS = 16  # then this many callers at once, batch 1 each,
 BURST_PER_BATCH = 4  # sending this many requests per unit of max batch size between them
+# Callers the endpoint will serve at once (--concurrency): the first article's staged shape
+# peaks at 200 users. Requests in flight cost memory of their own (Triton parses a JSON body
+# into buffers of its own), once for the endpoint, not per copy.
+CONCURRENCY = 200
 
 
 def warmup_batches(max_batch: int) -> tuple[int, ...]:
@@ -90,6 +94,9 @@ class CapacityReport:
     predicted_copies_loaded: int | None = None
     predicted_copies_rest: int | None = None
     limit_for_one_bytes: int | None = None  # the smallest limit one copy fits under at the threshold
+    overhead_bytes: int = 0  # requests in flight from overhead_concurrency callers: the endpoint's, counted once
+    overhead_concurrency: int | None = None
+    overhead_body: str | None = None  # "json" | "binary": the request body they sent
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -135,6 +142,9 @@ class Readings:
     threshold: float
     baseline_bytes: int
     steps: list[CapacityStep] = field(default_factory=list)
+    overhead_bytes: int = 0  # what requests in flight added, once for the endpoint (note_overhead)
+    _after_overhead: int | None = None  # the reading that measured it, until the next copy
+    _overhead_copies: int = 0  # copies loaded when it was measured: their readings lack it
 
     @property
     def budget_bytes(self) -> float:
@@ -143,20 +153,34 @@ class Readings:
     @property
     def memory_bytes(self) -> int:
         """The latest reading (the baseline before any copy)."""
+        if self._after_overhead is not None:
+            return self._after_overhead
         return self.steps[-1].memory_bytes if self.steps else self.baseline_bytes
+
+    def note_overhead(self, memory_bytes: int) -> int:
+        """Requests from many callers at once ran on the copies loaded so far and memory reads
+        ``memory_bytes``: what they added is the endpoint's, counted once, not a copy's."""
+        self.overhead_bytes = max(0, memory_bytes - self.memory_bytes)
+        self._after_overhead = memory_bytes
+        self._overhead_copies = len(self.steps)
+        return self.overhead_bytes
 
     def record(self, memory_bytes: int, load_seconds: float, rest_bytes: int | None = None) -> CapacityStep:
         """The next copy is loaded and memory reads ``memory_bytes`` (``rest_bytes`` right
         after the load, before its warm-up, where that was read)."""
         before = self.memory_bytes
+        self._after_overhead = None
         step = CapacityStep(len(self.steps) + 1, memory_bytes, memory_bytes - before, round(load_seconds, 3),
                             rest_bytes, None if rest_bytes is None else rest_bytes - before)
         self.steps.append(step)
         return step
 
     def fitted(self) -> int:
-        """How many copies were loaded with memory still under the threshold."""
-        return len([s for s in self.steps if s.memory_bytes <= self.budget_bytes])
+        """How many copies were loaded with memory still under the threshold, counting the
+        endpoint's requests in flight with copies read before they were measured."""
+        return len([s for s in self.steps
+                    if s.memory_bytes + (self.overhead_bytes if s.copies <= self._overhead_copies else 0)
+                    <= self.budget_bytes])
 
 
 def project(baseline: int, footprint: Footprint, threshold: float,
@@ -177,7 +201,8 @@ def limit_for_one(baseline: int, footprint: float, threshold: float) -> int:
 
 def build_report(readings: Readings, footprint_steps: Sequence[CapacityStep] | None = None, *, verified: bool = True,
                  leak_check: dict | None = None, instances: dict[str, dict] | None = None, at_rest: bool = False,
-                 warmup_batch: int | None = None, warmup_concurrency: int | None = None) -> CapacityReport:
+                 warmup_batch: int | None = None, warmup_concurrency: int | None = None,
+                 overhead_concurrency: int | None = None, overhead_body: str | None = None) -> CapacityReport:
     """Readings -> per-copy footprint (over ``footprint_steps``, default all steps; loaded,
     or ``at_rest``) -> prediction -> copies that fit (when the loop went on to the threshold:
     ``verified``) -> projections onto instance types -> the report both loops write. Where
@@ -189,23 +214,26 @@ def build_report(readings: Readings, footprint_steps: Sequence[CapacityStep] | N
     loaded = Footprint.of(steps) if has_rest else None
     rest = Footprint.of(steps, at_rest=True) if has_rest else None
 
+    base = readings.baseline_bytes + readings.overhead_bytes  # the endpoint's own, before any copy
+
     def predicted(f: Footprint | None) -> int | None:
-        return None if f is None else predict(readings.baseline_bytes, f.mean_bytes, readings.limit_bytes,
-                                              readings.threshold)
+        return None if f is None else predict(base, f.mean_bytes, readings.limit_bytes, readings.threshold)
 
     return CapacityReport(
         model=readings.model, format=readings.format, memory_kind=readings.memory_kind, limit_bytes=readings.limit_bytes,
         threshold=readings.threshold, baseline_bytes=readings.baseline_bytes, steps=tuple(readings.steps),
         footprint_mean_bytes=int(footprint.mean_bytes), footprint_min_bytes=footprint.min_bytes,
         footprint_max_bytes=footprint.max_bytes,
-        predicted_copies=predict(readings.baseline_bytes, footprint.mean_bytes, readings.limit_bytes, readings.threshold),
+        predicted_copies=predict(base, footprint.mean_bytes, readings.limit_bytes, readings.threshold),
         actual_copies=readings.fitted() if verified else None,
         projections=project(readings.baseline_bytes, footprint, readings.threshold, instances), leak_check=leak_check,
         counted=AT_REST if at_rest else LOADED if warmup_batch is not None else AFTER_LOAD, warmup_batch=warmup_batch,
         warmup_concurrency=warmup_concurrency, footprint_loaded_mean_bytes=int(loaded.mean_bytes) if loaded else None,
         footprint_rest_mean_bytes=int(rest.mean_bytes) if rest else None,
         predicted_copies_loaded=predicted(loaded), predicted_copies_rest=predicted(rest),
-        limit_for_one_bytes=limit_for_one(readings.baseline_bytes, footprint.mean_bytes, readings.threshold),
+        limit_for_one_bytes=limit_for_one(base, footprint.mean_bytes, readings.threshold),
+        overhead_bytes=readings.overhead_bytes, overhead_concurrency=overhead_concurrency,
+        overhead_body=overhead_body,
     )
 
 
@@ -214,7 +242,7 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
                      instances: dict[str, dict] | None = None, reporter: Reporter | None = None,
                      cache_dir: Path | None = None, server_kind: str = "local", memory: str = "auto",
                      triton_network: str | None = None, at_rest: bool = False,
-                     concurrency: int = CONCURRENCY) -> CapacityReport:
+                     concurrency: int = CONCURRENCY, binary: bool = False) -> CapacityReport:
     """``server_kind`` as ``mme serve --server`` takes it, ``triton_network`` as its ``--triton-network``
     (None: ``$MME_TRITON_NETWORK``, else private); ``memory``: what is counted, "gpu"
     (NVML, the whole device), "host" (RSS of the server's process tree) or "auto" (the GPU
@@ -224,7 +252,9 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
     batch size and every smaller one (warmup_batches), then a burst of batch-1 requests from many
     callers at once (queues, dynamic batches) (loaded: what it holds while serving). The
     prediction counts the loaded figure unless ``at_rest``. A copy keeps growing with the
-    requests queued on it: ``concurrency`` is how many callers the burst has. No copy is loaded once the
+    requests queued on it. After the first copy, ``concurrency`` callers at once send it the body
+    the load test will (JSON, or ``binary``): what that adds is the endpoint's (request buffers),
+    counted once before the copies. No copy is loaded once the
     next one would take memory past the limit (not only the threshold)."""
     import os
     import tempfile
@@ -234,7 +264,8 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
     from serving.triton.config import TritonServerConfig, default_network
     from serving.triton.factory import choose_cache_root, choose_kind, create_server, server_class
     from serving.startup_checks import artifact_directories, check_server_runs
-    from serving.warm_batch import batched_request
+    from serving.cache_entries import cache_key
+    from serving.warm_batch import batched_request, json_request
     from serving.triton.sagemaker_serve import sagemaker_settings_from_environ
 
     reporter = reporter or Reporter(quiet=True)
@@ -254,7 +285,9 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
                for batch in warmup_batches(manifest.triton.max_batch_size)]
     max_batch = max(w.batch for w in warmups)
     batch_one = batched_request(artifact, sample.binary_file, sample.binary_header_size, 1)
-    burst_requests = max(BURST_PER_BATCH * max_batch, concurrency)
+    burst_requests = max(BURST_PER_BATCH * max_batch, BURST_CLIENTS)
+    body_kind = "binary" if binary else "json"
+    in_flight_body = batch_one if binary else json_request(artifact, sample.json_file)
     burst_clients: list[ContainerClient] = []
     root = choose_cache_root(cache_dir, server_class(kind).required_model_root())
     with tempfile.TemporaryDirectory(prefix="mme-capacity-") as tmp:
@@ -300,7 +333,7 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
                 # then many callers at once: requests queue in Triton and its dynamic batcher
                 # forms batches of them, as under a load test
                 single = warmups[-1] if max_batch == 1 else batch_one
-                with ThreadPoolExecutor(concurrency) as pool:
+                with ThreadPoolExecutor(BURST_CLIENTS) as pool:
                     for result in pool.map(lambda _: burst_client().invoke(name, single.body, single.content_type,
                                                                            target=target), range(burst_requests)):
                         check(result, target, 1)
@@ -310,7 +343,8 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
             reporter.info(f"==> capacity of {manifest.model} ({manifest.format}): baseline {baseline / mib:.0f} MiB, "
                           f"limit {limit / mib:.0f} MiB, threshold {threshold:.0%}; counting {meter.description}; "
                           f"each copy at rest and after requests at batch {max_batch} down to 1, then "
-                          f"{burst_requests} from {concurrency} callers at once")
+                          f"{burst_requests} from {BURST_CLIENTS} callers at once; then {concurrency} callers at once "
+                          f"({body_kind} bodies) for the endpoint's requests in flight")
             readings = Readings(manifest.model, manifest.format, meter.description, limit, threshold, baseline)
 
             def load_next() -> CapacityStep:
@@ -329,14 +363,26 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
                 largest = max((s.delta_bytes for s in readings.steps), default=0)
                 return readings.memory_bytes + largest <= limit
 
-            load_next()  # one copy is needed to measure anything
+            first = load_next()  # one copy is needed to measure anything
+            # the endpoint's requests in flight, counted once: measured on the first copy, before
+            # the other probes, so that they too are loaded only where they fit with it
+            first_name = copy_name(tarball, first.copies)
+            with ThreadPoolExecutor(concurrency) as pool:
+                for result in pool.map(lambda _: burst_client().invoke(
+                        cache_key(first_name), in_flight_body.body, in_flight_body.content_type, target=first_name),
+                        range(concurrency)):
+                    check(result, first_name, 1)
+            overhead = readings.note_overhead(used())
+            reporter.info(f"  requests in flight from {concurrency} callers ({body_kind} bodies): +{overhead / mib:.0f} MiB, "
+                          "the endpoint's, counted once")
             while len(readings.steps) < probe_copies and next_fits():
                 load_next()
             probes = tuple(readings.steps)
             footprint = Footprint.of(probes, at_rest=at_rest)
-            predicted = predict(baseline, footprint.mean_bytes, limit, threshold)
+            base = baseline + overhead
+            predicted = predict(base, footprint.mean_bytes, limit, threshold)
             reporter.info(f"  {'at rest' if at_rest else 'loaded'}: {footprint.line()}: predicted {predicted} copies "
-                          f"under {threshold:.0%}" + (f" (a limit of {_size(limit_for_one(baseline, footprint.mean_bytes, threshold))} "
+                          f"under {threshold:.0%}" + (f" (a limit of {_size(limit_for_one(base, footprint.mean_bytes, threshold))} "
                                                       "or more fits one)" if predicted == 0 else ""))
             if verify:
                 if predicted > max_copies:
@@ -355,7 +401,8 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
                 client.close()
             server.stop()
     return build_report(readings, probes, verified=verify, leak_check=leak, instances=instances, at_rest=at_rest,
-                        warmup_batch=max_batch, warmup_concurrency=concurrency)
+                        warmup_batch=max_batch, warmup_concurrency=BURST_CLIENTS, overhead_concurrency=concurrency,
+                        overhead_body=body_kind)
 
 
 def _leak_check(control, cache, server, tarball, loaded, cycles, used, reporter) -> dict:
@@ -400,6 +447,8 @@ def format_table(report: CapacityReport) -> str:
         f"baseline {report.baseline_bytes / mib:.0f} MiB; per copy mean {report.footprint_mean_bytes / mib:.0f} MiB "
         f"(min {report.footprint_min_bytes / mib:.0f}, max {report.footprint_max_bytes / mib:.0f}), counted "
         f"{report.counted}{both}",
+        *([f"requests in flight from {report.overhead_concurrency} callers ({report.overhead_body} bodies): "
+           f"{report.overhead_bytes / mib:.0f} MiB, the endpoint's, counted once"] if report.overhead_concurrency else []),
         f"this host: limit {report.limit_bytes / mib:.0f} MiB at {report.threshold:.0%}: predicted {report.predicted_copies}"
         + (f", actual {report.actual_copies}" if report.actual_copies is not None else "")
         + (f" (one copy fits under a limit of {_size(report.limit_for_one_bytes)} or more)"

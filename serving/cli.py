@@ -39,7 +39,12 @@ def register_serve(subparsers) -> None:
         "load on first request, evict least recently used models past the memory threshold. Any "
         "sagemaker-runtime client works with endpoint_url=http://HOST:PORT.",
     )
-    p.add_argument("--models", required=True, help="directory (e.g. artifacts/resnet50/cpu-local) or s3://bucket/prefix")
+    p.add_argument("--models", required=True, help="directory (e.g. artifacts/resnet50/cpu-local) or s3://bucket/prefix; "
+                   "with --mode single: the model's .tar.gz or its artifact directory")
+    p.add_argument("--mode", choices=("multi", "single"), default="multi",
+                   help="multi: a multi-model endpoint, requests name a TargetModel; single: a real-time endpoint "
+                   "serving one model.tar.gz as SageMaker's Triton image does without SAGEMAKER_MULTI_MODEL (the model "
+                   "loaded at start, requests name no TargetModel) (default: %(default)s)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default: %(default)s); on any other address anyone who can reach it can "
                    "invoke, load and evict models unless --require-signature")
@@ -113,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
         allow_unsigned=args.allow_unsigned, load_timeout_s=args.load_timeout, sagemaker_env=settings,
         disk_limit_bytes=args.disk_limit, require_signature=args.require_signature,
         access_key_id=args.access_key_id, secret_access_key=args.secret_access_key, triton_network=args.triton_network,
+        mode=args.mode,
     )
     reporter = Reporter(quiet=args.quiet)
     endpoint = LocalEndpoint(options, reporter)
@@ -120,9 +126,15 @@ def run(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         endpoint.start_in_thread()
-        reporter.info(f"==> local MME at {endpoint.url} (models from {args.models}; {endpoint.server.name} pid "
-                      f"{endpoint.server.pid}; memory: {endpoint.meter.description})")
-        reporter.info(f"    TargetModel: {targets_text(endpoint.targets) or 'none yet'}")
+        if endpoint.model is not None:
+            reporter.info(f"==> local real-time endpoint at {endpoint.url} ({endpoint.model.tarball}; "
+                          f"{endpoint.server.name} pid {endpoint.server.pid}; memory: {endpoint.meter.description})")
+            reporter.info(f"    model: {endpoint.model.default_model} (SAGEMAKER_TRITON_DEFAULT_MODEL_NAME), loaded; "
+                          "requests name no TargetModel")
+        else:
+            reporter.info(f"==> local MME at {endpoint.url} (models from {args.models}; {endpoint.server.name} pid "
+                          f"{endpoint.server.pid}; memory: {endpoint.meter.description})")
+            reporter.info(f"    TargetModel: {targets_text(endpoint.targets) or 'none yet'}")
         reporter.info(f"    try it: {client_example(endpoint, options)}")
         if endpoint.server.network is not None:
             reporter.info(f"    Triton runs {endpoint.server.network.describe()}")
@@ -164,15 +176,18 @@ def client_example(endpoint, options) -> str:
 
     body, content_type = "b'...your request body...'", "application/json"
     directory = Path(options.models.removeprefix("file://"))
+    if directory.is_file():  # a real-time endpoint's tarball: its artifact directory, if it is in one
+        directory = directory.parent
     if not options.models.startswith("s3://") and (directory / MANIFEST_NAME).is_file():
         sample = Manifest.load(directory).sample_request
         body = f"open({str(directory / sample.json_file)!r}, 'rb').read()"
     secret = (f"os.environ['{SECRET_KEY_ENV}']" if options.require_signature else "'local'")
     target = endpoint.targets[0] if endpoint.targets else "<name>.tar.gz"
+    target_arg = "" if endpoint.model is not None else f"TargetModel='{target}', "  # real-time: none
     key = repr(options.access_key_id) if options.require_signature else "'local'"
     code = (f"import boto3, os; r = boto3.client('sagemaker-runtime', endpoint_url='{endpoint.url}', "
             f"region_name='{options.region}', aws_access_key_id={key}, aws_secret_access_key={secret})"
-            f".invoke_endpoint(EndpointName='{options.endpoint_name}', TargetModel='{target}', "
+            f".invoke_endpoint(EndpointName='{options.endpoint_name}', {target_arg}"
             f"ContentType='{content_type}', Body={body}); print(r['Body'].read()[:300])")
     return f"python -c {shlex.quote(code)}"
 
@@ -198,8 +213,11 @@ def register_capacity(subparsers) -> None:
                    help="copies measured for the prediction (default: 3; local loop)")
     p.add_argument("--no-verify", dest="verify", action="store_false", help="predict only; don't load to the threshold")
     p.add_argument("--concurrency", type=positive_int, default=None, metavar="N",
-                   help="callers at once in each copy's warm-up burst: a copy grows with the requests queued on it, so "
-                   "give what one copy will see (default: 16; local loop)")
+                   help="callers the endpoint will serve at once: their requests in flight take memory of their own, "
+                   "counted once before the copies (default: 200, the staged shape's peak users; local loop)")
+    p.add_argument("--binary", action="store_true",
+                   help="those callers send the binary+json sample request, as 'mme bench --binary' does (default: the "
+                   "JSON one, which Triton parses into buffers of its own; local loop)")
     p.add_argument("--at-rest", action="store_true",
                    help="predict from each copy's memory right after its load instead of after requests at its max "
                    "batch size (the articles' count; copies grow under load; both are reported either way)")
@@ -242,6 +260,7 @@ def _check_capacity_args(args: argparse.Namespace) -> None:
                                      ("--probe-copies", args.probe_copies is not None),
                                      ("--no-verify", not args.verify), ("--cycles", args.cycles != 0),
                                      ("--at-rest", args.at_rest), ("--concurrency", args.concurrency is not None),
+                                     ("--binary", args.binary),
                                      ("--server", args.server != "auto"), ("--memory", args.memory != "auto")) if used]
     if local:
         raise UsageError(f"{', '.join(local)} only apply to the local loop, not with --endpoint: the endpoint's "
@@ -270,6 +289,7 @@ def run_capacity(args: argparse.Namespace) -> int:
         probe_copies=args.probe_copies or 3, verify=args.verify, cycles=max(0, args.cycles),
         max_copies=args.max_copies, instances=instances, reporter=reporter, server_kind=args.server, memory=args.memory,
         triton_network=args.triton_network, at_rest=args.at_rest, concurrency=args.concurrency or CONCURRENCY,
+        binary=args.binary,
     )
     print(format_table(report))
     path = write_report(report, Path(args.out))

@@ -74,6 +74,9 @@ def unreachable(exc: BaseException) -> ContainerUnreachable:
     return (ContainerTimedOut if timed_out else ContainerUnreachable)(str(exc))
 
 
+INVOCATIONS_PATH = "/invocations"  # a single-model (real-time) container's one invocation path
+
+
 def model_path(name: str) -> str:
     """``/models/NAME``, the name quoted whole (hashes need no quoting; other names hold ``/``)."""
     return f"/models/{quote(name, safe='')}"

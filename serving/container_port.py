@@ -40,7 +40,7 @@ class TritonContainer:
                  loads_in_flight: Callable[[], int], on_idle: Callable[[str], None] | None = None) -> None:
         self._control = ContainerControl(lambda: server.sagemaker_url, load_timeout_s)
         self._forwarder = Forwarder(server.sagemaker_url, invocation_timeout_s, loads_in_flight=loads_in_flight,
-                                    on_idle=on_idle)
+                                    on_idle=on_idle, single_model=server.config.single_model)
 
     async def load(self, name: str, url: str, *, target: str) -> None:
         await self._control.load(name, url, target=target)

@@ -1,5 +1,6 @@
 """Invocations from the front to the container: ``POST /models/<hash>/invoke`` with the target
-in ``X-Amzn-SageMaker-Target-Model``, under SageMaker's invocation timeout.
+in ``X-Amzn-SageMaker-Target-Model`` (a real-time endpoint's container: ``POST /invocations``),
+under SageMaker's invocation timeout.
 
 Why there are two connection pools. Triton's SageMaker service runs ``POST /models`` (a
 load) synchronously on the HTTP worker thread of the connection that sent it
@@ -35,7 +36,7 @@ from typing import Callable, Mapping
 import aiohttp
 
 from serving.cache_entries import cache_key
-from serving.container import invoke_headers, invoke_path, unreachable
+from serving.container import INVOCATIONS_PATH, invoke_headers, invoke_path, unreachable
 from serving.container_transport import aiohttp_connector
 
 MIN_HEDGE_S = 0.05  # never send a second copy sooner than this
@@ -52,7 +53,7 @@ Reply = tuple[int, Mapping[str, str], bytes]
 
 class Forwarder:
     def __init__(self, base_url: str, timeout_s: float, *, loads_in_flight: Callable[[], int],
-                 on_idle: Callable[[str], None] | None = None) -> None:
+                 on_idle: Callable[[str], None] | None = None, single_model: bool = False) -> None:
         pooled, self.base_url = aiohttp_connector(base_url, limit=256, keepalive_timeout=60)
         fresh, _ = aiohttp_connector(base_url, limit=0, force_close=True)
         self.timeout_s = timeout_s
@@ -62,6 +63,7 @@ class Forwarder:
         self._stragglers: set[asyncio.Task] = set()  # slower copies left to finish
         self._latency: dict[str, float] = {}  # EWMA of each target's answered invocations, seconds
         self.hedged = 0  # second copies sent
+        self.single_model = single_model  # a real-time endpoint's container: POST /invocations, no target
         no_timeout = aiohttp.ClientTimeout(total=None)
         self._pooled = aiohttp.ClientSession(connector=pooled, timeout=no_timeout)
         self._fresh = aiohttp.ClientSession(connector=fresh, timeout=no_timeout)
@@ -77,8 +79,10 @@ class Forwarder:
         await self._fresh.close()
 
     async def invoke(self, target: str, body: bytes, content_type: str, accept: str | None) -> Reply:
-        headers = invoke_headers(content_type, accept, target)
-        url = self.base_url + invoke_path(cache_key(target))
+        if self.single_model:
+            headers, url = invoke_headers(content_type, accept, None), self.base_url + INVOCATIONS_PATH
+        else:
+            headers, url = invoke_headers(content_type, accept, target), self.base_url + invoke_path(cache_key(target))
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:

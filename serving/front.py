@@ -7,7 +7,8 @@ allows unsigned requests); signatures are verified only when the front is given 
 ValidationError, another ``X-Amzn-SageMaker-Target-Variant`` a ValidationError, a body over
 6 MiB a 413 before it is read. Also ``GET /ping``,
 ``GET /metrics`` (Prometheus text), ``GET /metrics.json`` (the snapshot the bench reads)
-``GET /models`` (what is loaded) and ``GET /targets`` (every TargetModel it answers for). aiohttp keeps connections alive and sets
+``GET /models`` (what is loaded) and ``GET /targets`` (every TargetModel it answers for; none on a
+real-time endpoint, serving/realtime.py, whose invocations name no TargetModel). aiohttp keeps connections alive and sets
 TCP_NODELAY on its sockets, so no request waits on Nagle's algorithm.
 
 The endpoint answers each invocation with a typed outcome (serving/outcomes.py);
@@ -27,11 +28,12 @@ from serving import errors_sagemaker as sm
 from serving import outcomes as out
 from serving import sigv4_verify as sigv4
 from serving.endpoint import EndpointConfig, MultiModelEndpoint
+from serving.realtime import RealTimeEndpoint
 from serving.reply_headers import cold_headers
 
 TARGET_HEADER = "X-Amzn-SageMaker-Target-Model"
 VARIANT_HEADER = "X-Amzn-SageMaker-Target-Variant"
-ENDPOINT_KEY = web.AppKey("endpoint", MultiModelEndpoint)
+ENDPOINT_KEY: web.AppKey[MultiModelEndpoint | RealTimeEndpoint] = web.AppKey("endpoint")
 CREDENTIALS_KEY = web.AppKey("credentials", sigv4.Credentials)  # present: signatures are verified
 AUTHORIZATION = web.RequestKey("sigv4_authorization", sigv4.Authorization)  # per request: its parsed header, checked once
 
@@ -48,6 +50,9 @@ def sagemaker_reply(outcome: out.Outcome, config: EndpointConfig) -> sm.HttpRepl
             return sm.invocation_reply(body, content_type, variant=config.variant_name)
         case out.MissingTarget():
             return sm.validation_error("This is a multi-model endpoint: set TargetModel (X-Amzn-SageMaker-Target-Model).")
+        case out.TargetOnRealTime():
+            return sm.validation_error(f"Endpoint {config.endpoint_name} is not a multi-model endpoint and does not "
+                                       "support target model header.")
         case out.InvalidTarget(error=error):
             return sm.validation_error(with_retry_advice(error))
         case out.PayloadTooLarge(limit=limit):
@@ -83,7 +88,7 @@ def _rejected(rejection: sigv4.Rejection | None) -> sm.HttpReply | None:
     return None
 
 
-def _refusal(request: web.Request, endpoint: MultiModelEndpoint) -> sm.HttpReply | None:
+def _refusal(request: web.Request, endpoint: MultiModelEndpoint | RealTimeEndpoint) -> sm.HttpReply | None:
     """SageMaker Runtime's answer for a request that never reaches the endpoint's models."""
     config = endpoint.config
     if not config.allow_unsigned and not _signed(request):
@@ -169,11 +174,14 @@ async def targets(request: web.Request) -> web.Response:
 
     from serving.startup_checks import tarball_targets
 
-    listed = await asyncio.to_thread(tarball_targets, request.app[ENDPOINT_KEY].cache.source)
-    return web.json_response({"targets": list(listed)})
+    endpoint = request.app[ENDPOINT_KEY]
+    if isinstance(endpoint, RealTimeEndpoint):  # one model, named by no TargetModel
+        return web.json_response({"targets": [], "mode": "single", "model": endpoint.default_model})
+    listed = await asyncio.to_thread(tarball_targets, endpoint.cache.source)
+    return web.json_response({"targets": list(listed), "mode": "multi"})
 
 
-def build_app(endpoint: MultiModelEndpoint, credentials: sigv4.Credentials | None = None) -> web.Application:
+def build_app(endpoint: MultiModelEndpoint | RealTimeEndpoint, credentials: sigv4.Credentials | None = None) -> web.Application:
     """The front; with ``credentials`` only invocations signed with that key pair are answered."""
     app = web.Application(client_max_size=endpoint.config.max_payload_bytes + 1)
     app[ENDPOINT_KEY] = endpoint

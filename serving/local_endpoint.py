@@ -26,6 +26,7 @@ from serving.exposure import PythonBackendWarner, is_loopback, open_front_warnin
 from serving.instance_metrics import InstanceSampler
 from serving.front import build_app
 from serving.memory import MemoryMeter, choose_meter
+from serving.realtime import MODES, MULTI, SINGLE, RealTimeEndpoint, RealTimeModel, prepare_repository
 from serving.sigv4_verify import Credentials
 from serving.startup_checks import check_server_runs, served_targets
 from serving.store import source_from_uri
@@ -61,8 +62,14 @@ class LocalEndpointOptions:
     access_key_id: str | None = None
     secret_access_key: str | None = field(default=None, repr=False)
     triton_network: str = field(default_factory=default_network)  # "private" or "host" (serving/triton/netns.py)
+    mode: str = MULTI  # "single": a real-time endpoint serving ``models``' one tarball (serving/realtime.py)
 
     def check(self) -> None:
+        if self.mode not in MODES:
+            raise UsageError(f"unknown --mode {self.mode!r}; choose one of: {', '.join(MODES)}")
+        if self.mode == SINGLE and self.copies:
+            raise UsageError("--copies names copies for TargetModel; a real-time endpoint (--mode single) takes no "
+                             "TargetModel: drop --copies")
         if not 0 < self.memory_threshold <= 1:
             raise UsageError(f"--memory-threshold must be in (0, 1] (got {self.memory_threshold})")
         if self.memory_limit_bytes is not None and self.memory_limit_bytes <= 0:
@@ -142,6 +149,45 @@ class LocalEndpoint:
         self.reporter = reporter or Reporter(quiet=True)
         if not is_loopback(options.host) and self.credentials is None:  # said once, before anything starts
             self.reporter.warn(open_front_warning(options.host, options.port or None))
+        kind = choose_kind(options.server_kind)
+        check_server_runs(manifest, kind, options.models)
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self.model: RealTimeModel | None = None
+        if options.mode == SINGLE:
+            self._start_single(kind, manifest)
+        else:
+            self._start_multi(kind, manifest)
+        self.endpoint: MultiModelEndpoint | RealTimeEndpoint | None = None
+        self.port: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+        self._watchdog: asyncio.Task | None = None
+
+    def _server_config(self, **single) -> TritonServerConfig:
+        # As SageMaker's image runs it: HTTP, gRPC and metrics off, SAGEMAKER_TRITON_* honoured.
+        return TritonServerConfig(sagemaker_port=0, http_port=None, grpc_port=None, metrics_port=None,
+                                  sagemaker_env=dict(self.options.sagemaker_env), network=self.options.triton_network,
+                                  **single)
+
+    def _start_single(self, kind: str, manifest) -> None:
+        """A real-time endpoint: the tarball unpacked as SageMaker does, Triton in single-model mode."""
+        options = self.options
+        self._tmp = tempfile.TemporaryDirectory(prefix="mme-realtime-")
+        try:
+            self.model = prepare_repository(options.models, Path(self._tmp.name), options.sagemaker_env)
+        except BaseException:
+            self._tmp.cleanup()
+            raise
+        self.targets: tuple[str, ...] = ()
+        self.cache: ModelCache | None = None
+        self.disk_limit_bytes: int | None = None
+        config = self._server_config(model_repository=self.model.repository, default_model=self.model.default_model)
+        self.server = create_server(kind, config)
+        self._meter_and_sampler(manifest, self.model.repository)
+
+    def _start_multi(self, kind: str, manifest) -> None:
+        options = self.options
         source = source_from_uri(options.models, endpoint_url=options.s3_endpoint_url)
         if options.copies:
             source = CopiesSource(source, options.copies)
@@ -149,13 +195,7 @@ class LocalEndpoint:
         if not self.targets:
             self.reporter.warn(f"{options.models} holds no <name>.tar.gz yet: objects put there are served on their "
                                "first request")
-        kind = choose_kind(options.server_kind)
-        check_server_runs(manifest, kind, options.models)
-        # As SageMaker's image runs it: HTTP, gRPC and metrics off, SAGEMAKER_TRITON_* honoured.
-        config = TritonServerConfig(sagemaker_port=0, http_port=None, grpc_port=None, metrics_port=None,
-                                    sagemaker_env=dict(options.sagemaker_env), network=options.triton_network)
         cache_dir = choose_cache_root(options.cache_dir, server_class(kind).required_model_root())
-        self._tmp = None
         if cache_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="mme-cache-")
             cache_dir = Path(self._tmp.name)
@@ -165,16 +205,13 @@ class LocalEndpoint:
                   if options.models.startswith("s3://") and kind != "docker" else None)
         self.cache = ModelCache(cache_dir, source, disk_limit_bytes=self.disk_limit_bytes, in_use=self._in_use,
                                 on_fetch=warner)
-        self.server = create_server(kind, config, model_root=self.cache.root)
+        self.server = create_server(kind, self._server_config(), model_root=self.cache.root)
+        self._meter_and_sampler(manifest, self.cache.root)
+
+    def _meter_and_sampler(self, manifest, disk_path: Path) -> None:
         instance_kind = manifest.triton.instance_kind if manifest is not None else None
-        self.meter: MemoryMeter = choose_meter(options.memory, self.server.pids, instance_kind=instance_kind)
-        self.sampler = InstanceSampler(self.server.pids, self.cache.root)
-        self.endpoint: MultiModelEndpoint | None = None
-        self.port: int | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
-        self._watchdog: asyncio.Task | None = None
+        self.meter: MemoryMeter = choose_meter(self.options.memory, self.server.pids, instance_kind=instance_kind)
+        self.sampler = InstanceSampler(self.server.pids, disk_path)
 
     @property
     def url(self) -> str:
@@ -205,8 +242,13 @@ class LocalEndpoint:
             model_wait_timeout_s=o.model_wait_timeout_s, invocation_timeout_s=o.invocation_timeout_s,
             allow_unsigned=o.allow_unsigned, load_timeout_s=o.load_timeout_s,
         )
-        self.endpoint = MultiModelEndpoint(self.cache, self.server, config, self.memory_used, self.reporter,
-                                           instance_sampler=self.sampler)
+        if self.model is not None:
+            self.endpoint = RealTimeEndpoint(self.server, config, self.memory_used, self.model, self.reporter,
+                                             instance_sampler=self.sampler)
+        else:
+            assert self.cache is not None  # the multi-model endpoint's, made by _start_multi
+            self.endpoint = MultiModelEndpoint(self.cache, self.server, config, self.memory_used, self.reporter,
+                                               instance_sampler=self.sampler)
         await self.endpoint.start()
         self._runner = web.AppRunner(build_app(self.endpoint, self.credentials), access_log=None)
         await self._runner.setup()

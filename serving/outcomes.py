@@ -34,6 +34,11 @@ class MissingTarget(Outcome):
 
 
 @dataclass(frozen=True)
+class TargetOnRealTime(Outcome):
+    """A target model named on a real-time (single-model) endpoint, which takes none."""
+
+
+@dataclass(frozen=True)
 class InvalidTarget(Outcome):
     """The target's name is not one SageMaker accepts (the error says why)."""
 

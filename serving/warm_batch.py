@@ -46,3 +46,12 @@ def batched_request(artifact_dir: Path, binary_file: str, header_size: int, batc
         tensors.append(tensor * batch)
     head = json.dumps(header, separators=(",", ":")).encode()
     return BatchedRequest(head + b"".join(tensors), BINARY_CONTENT_TYPE.format(size=len(head)), batch)
+
+
+def json_request(artifact_dir: Path, json_file: str) -> BatchedRequest:
+    """The artifact's KServe v2 JSON sample request (batch 1): what ``mme bench`` sends by default."""
+    path = artifact_dir / json_file
+    try:
+        return BatchedRequest(path.read_bytes(), "application/json", 1)
+    except OSError as exc:
+        raise MmeError(f"cannot read the sample request {path} ({exc.strerror}); package the model again") from None

@@ -111,7 +111,8 @@ class TritonServer(abc.ABC):
         list (remembered for :attr:`notices`)."""
         env = self._serve_environment()
         args = serve_arguments(env, model_repository=str(model_repository), gpu_count=script_gpu_count(env),
-                               extra=[*config_arguments(self.config, bind_host), *kind_args])
+                               extra=[*config_arguments(self.config, bind_host), *kind_args],
+                               default_model=self.config.default_model)
         kept, self._dropped = drop_unsupported(args, supported_flags(binary, self._environment()))
         return [str(binary), *kept, *self.config.extra_args]
 
@@ -201,7 +202,7 @@ class TritonServer(abc.ABC):
                 shutil.rmtree(workdir, ignore_errors=True)
                 raise
             self._workdir = workdir
-        repository = self._workdir / "model-repository"
+        repository = self.config.model_repository or self._workdir / "model-repository"
         repository.mkdir(exist_ok=True)
         log_path = self.log_path
         assert log_path is not None  # the work directory exists from here on

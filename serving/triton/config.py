@@ -81,6 +81,15 @@ class TritonServerConfig:
     extra_args: tuple[str, ...] = ()  # after everything, SAGEMAKER_TRITON_ADDITIONAL_ARGS included
     startup_timeout_s: float = 60.0
     stop_grace_s: float = 10.0  # SIGTERM, then SIGKILL after this long
+    # Single-model (real-time endpoint) mode, as serve runs without SAGEMAKER_MULTI_MODEL=true:
+    # Triton serves this repository (SageMaker's /opt/ml/model) and loads ``default_model`` at
+    # start, the model ``POST /invocations`` runs. None: the MME contract (an empty repository).
+    model_repository: Path | None = None
+    default_model: str | None = None
+
+    @property
+    def single_model(self) -> bool:
+        return self.default_model is not None
 
     def ports(self) -> dict[str, int | None]:
         return {

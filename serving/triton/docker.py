@@ -33,6 +33,7 @@ from serving.triton.sagemaker_serve import (
     ADDITIONAL_ARGS,
     GPU_LIMIT,
     MULTI_MODEL_LABEL,
+    SINGLE_MODEL_REPOSITORY,
     additional_args,
     config_arguments,
     nvidia_smi_line_count,
@@ -159,14 +160,17 @@ class DockerTritonServer(TritonServer):
             env = server_environment(env)  # what tritonserver would get from serve
         for key, value in env.items():
             argv += ["-e", f"{key}={value}"]
-        if not serve:
-            argv += ["-v", f"{model_repository}:{CONTAINER_REPOSITORY}:ro"]
+        # single-model mode: the model's repository where a real-time endpoint has it (serve reads it there)
+        repository = SINGLE_MODEL_REPOSITORY if config.single_model else CONTAINER_REPOSITORY
+        if not serve or config.single_model:
+            argv += ["-v", f"{model_repository}:{repository}:ro"]
         if self.model_root is not None:
             argv += ["-v", f"{self.model_root}:{SAGEMAKER_MODEL_ROOT}:ro"]
         if serve:
             return [*argv, self.image, "serve"]
         gpu_count = nvidia_smi_line_count() if self.gpus and env.get(GPU_LIMIT) else 0
-        args = serve_arguments(env, model_repository=CONTAINER_REPOSITORY, gpu_count=gpu_count, extra=ours)
+        args = serve_arguments(env, model_repository=repository, gpu_count=gpu_count, extra=ours,
+                               default_model=config.default_model)
         return [*argv, self.image, "tritonserver", *args, *config.extra_args]
 
     def _startup_notices(self) -> list[str]:

@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 SERVE_SOURCE = "triton-inference-server/server docker/sagemaker/serve @ e1db8a603"
 SAGEMAKER_ENV_PREFIX = "SAGEMAKER_TRITON_"
 MULTI_MODEL_REPOSITORY = "/tmp/sagemaker"  # serve: SAGEMAKER_MULTI_MODEL_REPO
+SINGLE_MODEL_REPOSITORY = "/opt/ml/model"  # serve: SAGEMAKER_SINGLE_MODEL_REPO (a real-time endpoint's model)
+DEFAULT_MODEL_ENV = "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME"  # single-model mode: the model /invocations runs
 SERVE_SCRIPT_PATH = Path("/usr/bin/serve")  # build.py: COPY docker/sagemaker/serve /usr/bin/.
 SERVE_MARKER = "tritonserver --allow-sagemaker=true"  # how a Triton serve script is recognised
 MULTI_MODEL_LABEL = "com.amazonaws.sagemaker.capabilities.multi-models"  # build.py: LABEL ...=true
@@ -91,8 +93,11 @@ def serve_arguments(
     model_repository: str = MULTI_MODEL_REPOSITORY,
     gpu_count: int = 0,
     extra: Sequence[str] = (),
+    default_model: str | None = None,
 ) -> list[str]:
-    """tritonserver's argv after the binary, as ``serve`` builds it with ``SAGEMAKER_MULTI_MODEL=true``.
+    """tritonserver's argv after the binary, as ``serve`` builds it with ``SAGEMAKER_MULTI_MODEL=true``,
+    or, given ``default_model``, in single-model mode (serve's ``--load-model=$SAGEMAKER_TRITON_DEFAULT_MODEL_NAME``
+    at the end of its arguments; the repository is then the model's, SageMaker's ``/opt/ml/model``).
 
     ``env`` is the environment the script sees; ``gpu_count`` stands for its ``nvidia-smi -L | wc -l``
     (see :func:`nvidia_smi_line_count`); ``extra`` (kept as given, never split) goes just before the
@@ -125,6 +130,8 @@ def serve_arguments(
         pieces.append(f"--backend-config=tensorflow,version={env['SAGEMAKER_TRITON_TENSORFLOW_VERSION']}")
     if _given(env, GPU_LIMIT):
         pieces += [f"--model-load-gpu-limit {i}:{env[GPU_LIMIT]}" for i in range(gpu_count)]
+    if default_model is not None:
+        pieces.append(f"--load-model={default_model}")
     words = [word for piece in pieces for word in split_words(piece)]
     additional = split_words(env.get(ADDITIONAL_ARGS, ""))
     return [*LEADING_ARGS, f"--model-repository={model_repository}", *words, *extra, *additional]
@@ -179,7 +186,10 @@ def sagemaker_environment(config: TritonServerConfig) -> dict[str, str]:
             for key, value in ((f"SAGEMAKER_TRITON_ALLOW_{name}", "true"), (f"SAGEMAKER_TRITON_{name}_PORT", str(port))):
                 if key not in user:
                     settings[key] = value
-    settings["SAGEMAKER_MULTI_MODEL"] = "true"
+    if config.default_model is None:
+        settings["SAGEMAKER_MULTI_MODEL"] = "true"
+    else:  # serve exports it; tritonserver's /invocations runs this model (src/sagemaker_server.cc)
+        settings[DEFAULT_MODEL_ENV] = config.default_model
     settings["SAGEMAKER_BIND_TO_PORT"] = str(config.sagemaker_port)
     return settings
 

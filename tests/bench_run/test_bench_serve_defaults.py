@@ -72,3 +72,12 @@ def test_bench_refuses_targets_the_endpoint_does_not_serve_before_sending_anythi
     assert "does not serve test_resnet-v1.tar.gz, test_resnet-v2.tar.gz" in err
     assert "it answers for test_resnet.tar.gz" in err and "leave --copies out" in err and "--copies 2" in err
     assert not out.exists() or not any(out.iterdir())  # no run directory left behind
+
+
+def test_bench_single_mode_against_a_multi_model_endpoint_is_refused(served, tmp_path):
+    artifact_dir, url, _ = served
+    completed = run_bench("--endpoint", "local", "--endpoint-url", url, "--mode", "single", "--artifact",
+                          str(artifact_dir), "--shape", "constant", "--users", "1", "--duration", "1",
+                          "--out", str(tmp_path / "results"))
+    assert completed.returncode == 2, completed.stderr
+    assert "is a multi-model endpoint: leave --mode single out" in completed.stderr

@@ -10,7 +10,7 @@ from packager.manifest import Manifest
 
 
 def test_capacity_prediction_matches_what_fits(packaged_test_resnet, tmp_path, capsys):
-    code = main(["capacity", str(packaged_test_resnet.directory), "--memory-limit", "420M", "--probe-copies", "2",
+    code = main(["capacity", str(packaged_test_resnet.directory), "--memory-limit", "850M", "--probe-copies", "2",
                  "--cycles", "2", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0
@@ -35,6 +35,9 @@ def test_capacity_prediction_matches_what_fits(packaged_test_resnet, tmp_path, c
     assert all(0 < s["rest_delta_bytes"] <= s["delta_bytes"] for s in report["steps"][:actual])
     assert max(s["memory_bytes"] for s in report["steps"]) <= report["limit_bytes"]  # never loaded past the limit
     assert "at rest" in out and "loaded after requests up to batch" in out and report["warmup_concurrency"] == 16
+    # then the callers the endpoint will serve, JSON bodies as mme bench sends by default, counted once
+    assert report["overhead_concurrency"] == 200 and report["overhead_body"] == "json" and report["overhead_bytes"] >= 0
+    assert "requests in flight from 200 callers (json bodies)" in out
 
 
 def test_a_limit_too_small_for_one_copy_loads_one_and_says_what_limit_would_fit(packaged_test_resnet, tmp_path,
@@ -73,6 +76,30 @@ def test_both_loops_share_one_report_from_their_readings():
     assert Footprint.of(readings.steps[2:]).line() == "per copy 80 MiB (min 10, max 150)"
     with pytest.raises(ValueError):
         Footprint.of([])
+
+
+def test_requests_in_flight_are_counted_once_for_the_endpoint():
+    """What many callers at once add (request buffers) is the endpoint's: it comes off the budget
+    once, and copies read before it was measured are judged with it."""
+    from serving.capacity import Readings, build_report
+
+    mib = 2**20
+    readings = Readings("m", "onnx", "host RSS", 1000 * mib, 0.9, 100 * mib)
+    for memory in (200, 300):
+        readings.record(memory * mib, 0.5)
+    assert readings.note_overhead(500 * mib) == 200 * mib and readings.memory_bytes == 500 * mib
+    readings.record(600 * mib, 0.5)  # the next copy's delta starts from the reading with requests in flight
+    readings.record(700 * mib, 0.5)
+    readings.record(950 * mib, 0.5)
+    assert [s.delta_bytes // mib for s in readings.steps] == [100, 100, 100, 100, 250]
+    report = build_report(readings, readings.steps[:2], overhead_concurrency=200, overhead_body="json")
+    assert report.predicted_copies == 6  # (900 - 100 - 200) / 100, not 8
+    assert report.actual_copies == 4 and report.overhead_bytes == 200 * mib
+    tight = Readings("m", "onnx", "host RSS", 1000 * mib, 0.9, 100 * mib)
+    for memory in (500, 880):
+        tight.record(memory * mib, 0.5)
+    tight.note_overhead(950 * mib)  # with 70 MiB in flight the second copy no longer fits under 900
+    assert tight.fitted() == 1
 
 
 def test_capacity_bad_artifact(tmp_path, capsys):
@@ -141,14 +168,15 @@ def test_capacity_counts_gpu_memory_through_nvml_on_a_gpu_host(packaged_test_res
 
     monkeypatch.setitem(sys.modules, "pynvml", TritonBackedGpu())
     code = main(["capacity", str(packaged_test_resnet.directory), "--memory", "gpu", "--server", "local",
-                 "--memory-limit", "700M", "--probe-copies", "2", "--max-copies", "8", "--out", str(tmp_path)])
+                 "--memory-limit", "1000M", "--probe-copies", "2", "--max-copies", "8", "--binary", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0, out
+    assert "requests in flight from 200 callers (binary bodies)" in out
     report = json.loads((tmp_path / "capacity_test_resnet_cpu-local.json").read_text())
     assert report["memory_kind"] == "GPU memory of Fake GPU (NVML, whole device)"
     assert report["baseline_bytes"] >= 256 << 20  # NVML's figure, not the process tree's
     assert all(step["delta_bytes"] > 0 for step in report["steps"])
-    assert report["actual_copies"] >= 2 and abs(report["predicted_copies"] - report["actual_copies"]) <= 1
+    assert report["actual_copies"] >= 2 and abs(report["predicted_copies"] - report["actual_copies"]) <= 1, out
     assert "projection applies this host-memory footprint" not in out
     # Without --memory-limit the limit is the GPU's memory, not the host's RAM.
     code = main(["capacity", str(packaged_test_resnet.directory), "--memory", "gpu", "--server", "local",
