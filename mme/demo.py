@@ -44,6 +44,36 @@ def register(subparsers) -> None:
     p.add_argument("--max-copies", type=int, default=20, help="cap on copies measured and served (default: %(default)s)")
     p.add_argument("--repackage", action="store_true", help="package again even if the artifact exists")
     p.set_defaults(func=run)
+    register_realtime(subparsers)
+
+
+REALTIME_MODEL = "distilbert-base-uncased"  # the second article's model
+REALTIME_ENDPOINT = "local-realtime-demo"
+
+
+def register_realtime(subparsers) -> None:
+    p = subparsers.add_parser(
+        "demo-realtime",
+        help="the second article's flow on local defaults: package a text model, a real-time endpoint, "
+        "staged load, report with the instance count for a target TPS",
+        description="package MODEL (cpu-local) -> a local real-time endpoint serving it (mme serve --mode single) "
+        "-> the staged load without TargetModel (mme bench --mode single) -> the report with the instances needed "
+        "for --target-tps at 60%% and 70%% utilisation (mme report).",
+    )
+    p.add_argument("--model", default=REALTIME_MODEL, help="model to package (default: %(default)s)")
+    p.add_argument("--out", default="artifacts", help="artifact root (default: %(default)s)")
+    p.add_argument("--results", default="results", help="results root (default: %(default)s)")
+    p.add_argument("--time-scale", type=positive_float, default=0.5,
+                   help="compress the article's 340 s staged shape (default: 0.5, about 3 minutes)")
+    p.add_argument("--workers", type=int, default=1, metavar="K",
+                   help="load generator processes, as the article's distributed Locust (default: %(default)s)")
+    p.add_argument("--target-tps", type=positive_float, default=1000.0,
+                   help="size the fleet for this many requests/s (default: %(default)g, the article's)")
+    p.add_argument("--p95-slo-ms", type=positive_float, default=60_000.0,
+                   help="the p95 latency a stage must hold to count as the instance's capacity (default: %(default)g, "
+                   "SageMaker's invocation timeout: the article sized on the load one instance held before errors)")
+    p.add_argument("--repackage", action="store_true", help="package again even if the artifact exists")
+    p.set_defaults(func=run_realtime)
 
 
 def _step(reporter: Reporter, number: int, text: str) -> None:
@@ -83,11 +113,16 @@ def capacity_step(artifact: "PackagedArtifact", memory_limit: int, max_copies: i
 def bench_step(endpoint_url: str, artifact: "PackagedArtifact", copies: int, time_scale: float, results: Path,
                run_id: str, quiet: bool) -> Path:
     """The staged load over ``copies`` copies (``mme bench``'s request, its other defaults kept): the run directory."""
-    from bench.request import BenchRequest, start_bench
+    from bench.request import BenchRequest
 
-    request = BenchRequest(endpoint=DEMO_ENDPOINT, endpoint_url=endpoint_url, artifact=str(artifact.directory),
-                           binary=True, copies=copies, shape="staged", time_scale=time_scale, out=str(results),
-                           run_id=run_id, quiet=quiet)
+    return _staged(BenchRequest(endpoint=DEMO_ENDPOINT, endpoint_url=endpoint_url, artifact=str(artifact.directory),
+                                binary=True, copies=copies, shape="staged", time_scale=time_scale, out=str(results),
+                                run_id=run_id, quiet=quiet), quiet)
+
+
+def _staged(request, quiet: bool) -> Path:
+    from bench.request import start_bench
+
     result = start_bench(request, Reporter(quiet=quiet))
     if result.stopped_by is not None:
         raise MmeError(f"the staged load was stopped (signal {result.stopped_by}); what it measured is in {result.run_dir}")
@@ -134,4 +169,38 @@ def run(args: argparse.Namespace) -> int:
     print_results(paths)
     print(f"\ndemo done: open {paths.html}")
     print(f"  capacity: {capacity_dir}; artifacts: {artifact.directory}; raw results: {run_dir}")
+    return 0
+
+
+def run_realtime(args: argparse.Namespace) -> int:
+    """The second article's flow: one text model on a real-time endpoint, sized for a target TPS."""
+    from bench.report import build_report, print_results
+    from bench.request import BenchRequest
+    from serving.local_endpoint import LocalEndpoint, LocalEndpointOptions
+
+    if args.workers < 1:
+        raise MmeError(f"--workers must be 1 or more (got {args.workers})")
+    reporter = Reporter(quiet=args.quiet)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    steps = 4
+    reporter.info(f"\n==> [1/{steps}] package {args.model} in the cpu-local format")
+    artifact = package_step(args.model, Path(args.out), args.repackage, reporter)
+    reporter.info(f"\n==> [2/{steps}] start a local real-time endpoint serving it (mme serve --mode single)")
+    options = LocalEndpointOptions(models=str(artifact.directory), port=0, server_kind="local", mode="single",
+                                   endpoint_name=REALTIME_ENDPOINT)
+    with LocalEndpoint(options, Reporter(quiet=True)) as endpoint:
+        reporter.info(f"  {endpoint.url}: {artifact.manifest.model} loaded; requests name no TargetModel")
+        reporter.info(f"\n==> [3/{steps}] staged load, time scale {args.time_scale}, {args.workers} worker(s) "
+                      "(mme bench --mode single)")
+        request = BenchRequest(endpoint=REALTIME_ENDPOINT, endpoint_url=endpoint.url, mode="single",
+                               artifact=str(artifact.directory), shape="staged", time_scale=args.time_scale,
+                               workers=args.workers, out=args.results,
+                               run_id=f"demo-realtime-{stamp}-{artifact.manifest.model}", quiet=args.quiet)
+        run_dir = _staged(request, args.quiet)
+    reporter.info(f"\n==> [4/{steps}] report, sized for {args.target_tps:g} TPS with p95 <= {args.p95_slo_ms:g} ms "
+                  "(mme report)")
+    paths = build_report([run_dir], target_tps=args.target_tps, p95_slo_ms=args.p95_slo_ms, reporter=reporter)
+    print_results(paths)
+    print(f"\ndemo done: open {paths.html}")
+    print(f"  artifacts: {artifact.directory}; raw results: {run_dir}")
     return 0

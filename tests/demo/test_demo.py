@@ -28,3 +28,26 @@ def test_demo_end_to_end(tmp_path, capsys):
     assert 0 < peak <= 100, peak
     assert summary["overall"]["failures"] == 0
     assert (run_dir / "latency_throughput.png").stat().st_size > 10_000
+
+
+def test_demo_realtime_end_to_end(tmp_path, capsys):
+    """The second article's flow: package, a real-time endpoint (no TargetModel), staged load,
+    the report with the per-level table and the instances for a target TPS at 60% and 70%."""
+    code = main(["demo-realtime", "--model", "test_resnet", "--out", str(tmp_path / "artifacts"), "--results",
+                 str(tmp_path / "results"), "--time-scale", "0.03", "--target-tps", "500", "--p95-slo-ms", "5000"])
+    out = capsys.readouterr().out
+    assert code == 0
+    markdown = next((tmp_path / "results").glob("demo-realtime-*-test_resnet/report.md"))
+    run_dir = markdown.parent
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["mode"] == "single" and run["copies"] == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert len(summary["stages"]) == 11 and summary["overall"]["failures"] == 0
+    text = markdown.read_text()
+    assert "## Sizing: 500 TPS with p95 <= 5000 ms" in text
+    table = [line for line in text.split("## Sizing", 1)[1].splitlines() if line.startswith("|")]
+    row = table[2]  # header, separator, the run's row
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    at60, at70 = int(cells[4]), int(cells[5])
+    assert at60 >= at70 >= 1  # more headroom, more instances
+    assert f"open {run_dir / 'report.html'}" in out
