@@ -30,6 +30,7 @@ from mme.aws.session import (S3Uri, aws_errors, check_bucket, check_instance_typ
 from mme.aws.state import (DEFAULT_DEPLOYMENTS_DIR, Deployment, DeploymentSpec, DeploymentStore, DeploymentTracker,
                            Resource, now_iso)
 from serving.copies import is_copy
+from serving.triton.sagemaker_serve import DEFAULT_MODEL_ENV
 from serving.deploy.resources import CREATION_ORDER, ENDPOINT, SageMakerResource, create, describe
 
 MULTI, SINGLE = "multi", "single"
@@ -37,7 +38,7 @@ VARIANT = "AllTraffic"
 TAGS = ({"Key": "created-by", "Value": "mme-toolkit"},)
 FAILED_STATES = ("Failed", "OutOfService", "UpdateRollbackFailed")
 NAME_MAX = 56  # + "-config" stays within SageMaker's 63 characters
-DEFAULT_MODEL_NAME_ENV = "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME"
+DEFAULT_MODEL_NAME_ENV = DEFAULT_MODEL_ENV  # what a real-time endpoint's Triton serves (serve's variable)
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from bench import results
 from mme.process import child_env
@@ -24,6 +27,25 @@ def bench_env() -> dict:
     env.pop("AWS_SESSION_TOKEN", None)
     env.pop("AWS_PROFILE", None)
     return env
+
+
+@contextmanager
+def served_in_background(artifact_dir: Path, log_dir: Path, *serve_args: str) -> Iterator[tuple[str, str]]:
+    """`mme serve --models ARTIFACT` in its own process as a user starts it (plus ``serve_args``),
+    on a free port: (its URL, its banner once printed)."""
+    from tests.conftest import serving_process
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = log_dir / "serve.log"
+    command = [sys.executable, "-m", "mme", "serve", *serve_args, "--models", str(artifact_dir), "--port", str(port),
+               "--server", "local"]
+    with open(log, "w") as err, serving_process(command, f"{url}/ping", what="mme serve", cwd=ROOT, env=bench_env(),
+                                                stdout=subprocess.DEVNULL, stderr=err, text=True):
+        deadline = time.monotonic() + 30
+        while "try it:" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        yield url, log.read_text()
 
 
 def bench_command(*args: str) -> list[str]:

@@ -9,29 +9,17 @@ from __future__ import annotations
 import shlex
 import subprocess
 import sys
-import time
 
 import pytest
 
-from tests.bench_run.helpers import ROOT, bench_env, free_port, run_bench, saved_run
-from tests.conftest import serving_process
+from tests.bench_run.helpers import ROOT, bench_env, run_bench, saved_run, served_in_background
 
 
 @pytest.fixture(scope="module")
 def served(test_resnet_cpu_local, tmp_path_factory):
-    """`mme serve` as a new user starts it: the artifact directory and a port, nothing else."""
     artifact_dir, _ = test_resnet_cpu_local
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    command = [sys.executable, "-m", "mme", "serve", "--models", str(artifact_dir), "--port", str(port),
-               "--server", "local"]
-    with open(log, "w") as err, serving_process(command, f"{url}/ping", what="mme serve", cwd=ROOT, env=bench_env(),
-                                                stdout=subprocess.DEVNULL, stderr=err, text=True):
-        deadline = time.monotonic() + 30
-        while "try it:" not in log.read_text() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        yield artifact_dir, url, log.read_text()
+    with served_in_background(artifact_dir, tmp_path_factory.mktemp("serve")) as (url, banner):
+        yield artifact_dir, url, banner
 
 
 def test_the_banner_names_the_targets_and_its_client_command_runs_as_shown(served):
