@@ -166,10 +166,10 @@ class RealTimeEndpoint:
             return out.PayloadTooLarge(self.config.max_payload_bytes)
         assert self._container is not None  # start() made it before any request
         restarted = False
+        self.invocations += 1  # once per request, a retry after a restart included
         while True:
             if self._closing and not self.server.is_running():
                 return out.ShuttingDown(self.default_model, hit=True)
-            self.invocations += 1
             start = time.perf_counter()
             try:
                 status, headers, data = await self._container.invoke(self.default_model, body, content_type, accept)
