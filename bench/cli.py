@@ -82,6 +82,10 @@ def register_bench(subparsers) -> None:
     load.add_argument("--warmup", action="store_true",
                       help="before the first stage, send each target one request and wait until it answers (its model "
                       "loaded), so the stages measure a warm endpoint; reported apart, in run.json's warmup")
+    load.add_argument("--in-process", type=non_negative_float, default=0.0, metavar="SECONDS",
+                      help="before the load, run the artifact's model in this process (ONNX Runtime, batch 1, one call "
+                      "after another) on its sample request for SECONDS: the report puts the endpoint's throughput next "
+                      "to it; onnx and cpu-local artifacts, with --artifact (default: off)")
     load.add_argument("--time-scale", type=positive_float, metavar="F",
                       help="staged/file: run the shape F times as long (0.1: the 340 s staged shape in 34 s)")
     load.add_argument("--wait", type=_wait_range, default=DEFAULTS.wait, metavar="MIN,MAX",

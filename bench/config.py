@@ -80,6 +80,7 @@ class BenchConfig:
     drain_s: float = 60.0  # when the run ends, requests in flight get this long to answer (then: cut off)
     max_failure_rate: float = 0.01  # the run fails (exit code 1) above this share of failed requests
     warmup: bool = False  # one answered request per target before the first stage (bench.warmup)
+    in_process: dict | None = None  # the in-process baseline measured before the run (bench.in_process)
 
     @property
     def address(self) -> EndpointAddress:

@@ -166,6 +166,8 @@ def overall_rows(summary: RunSummary) -> list[tuple[str, str]]:
         ("load", f"{run.shape} shape, {run.copies} copies ({run.target_distribution}), {run.mode}-model, "
                  f"{run.client} client, {run.workers} worker(s), {run.payload_bytes} B {run.content_type}"),
         ("warm-up before the first stage (not in any figure)", _warmup_text(run.extra.get("warmup"))),
+        ("in-process baseline on the bench's host (batch 1, one caller)",
+         in_process_text(run.extra.get("in_process"), o.max_error_free_rps, o.sustained_rps)),
         ("started / ended", f"{run.started_at} / {run.ended_at or NONE}"),
     ]
 
@@ -180,6 +182,21 @@ def _warmup_text(warmup: object) -> str:
             f"(slowest {slowest:.1f} s)")
     failed = [w.get("target") or "the model" for w in per if not w.get("ok")]
     return text + (f"; failed: {', '.join(failed)}" if failed else "")
+
+
+def in_process_text(baseline: object, max_error_free_rps: float | None, sustained_rps: float | None) -> str:
+    """run.json's ``extra["in_process"]`` (``mme bench --in-process``) next to the endpoint's max
+    error-free throughput (its sustained throughput when no stage was long enough)."""
+    if not isinstance(baseline, dict) or not baseline.get("requests_per_s"):
+        return "not measured (mme bench --in-process SECONDS)"
+    rps = float(baseline["requests_per_s"])
+    text = (f"{rps:.2f} requests/s, p50 {float(baseline.get('p50_ms', 0.0)):.1f} ms ({baseline.get('pipeline')}, "
+            f"{baseline.get('runtime')}, {baseline.get('requests')} calls)")
+    if max_error_free_rps is not None:
+        text += f"; the endpoint's max error-free throughput is {100.0 * max_error_free_rps / rps:.0f}% of it"
+    elif sustained_rps is not None:
+        text += f"; the endpoint's sustained throughput is {100.0 * sustained_rps / rps:.0f}% of it"
+    return text
 
 
 def comparison_rows(summaries: Sequence[RunSummary]) -> tuple[list[str], list[list[str]]]:

@@ -75,6 +75,7 @@ class BenchRequest:
     drain: float | None = None  # seconds requests in flight get when the run ends; default: timeout
     max_failure_rate: float = 0.01  # exit non-zero above this share of failed requests
     warmup: bool = False  # load every target before the first stage
+    in_process: float = 0.0  # seconds of the artifact's model run in-process before the load (0: not)
     out: str = "results"
     run_id: str | None = None
     progress_interval: float = 5.0
@@ -117,6 +118,12 @@ def build_config(request: BenchRequest, run_id: str, run_dir: Path) -> "BenchCon
         raise UsageError("--binary picks the artifact's binary sample request; it needs --artifact")
     if r.content_type and not r.payload:
         raise UsageError("--content-type goes with --payload (an artifact's content type is in its manifest)")
+    if r.in_process < 0:
+        raise UsageError(f"--in-process must be 0 or more seconds (got {r.in_process:g})")
+    if r.in_process:
+        from bench.in_process import check_artifact
+
+        check_artifact(r.artifact)
     if r.artifact:
         payload = payloads.from_artifact(Path(r.artifact), binary=r.binary)
     elif r.payload:
@@ -265,6 +272,11 @@ def start_bench(request: BenchRequest, reporter: Reporter) -> BenchResult:
     """Check ``request``, make its run directory and run the load generator to its end."""
     # Everything is checked before the run directory exists: nothing is created for a run that cannot start.
     config = build_config(request, "", Path())
+    if request.in_process and request.artifact:
+        from bench.in_process import measure_in_process
+
+        baseline = measure_in_process(Path(request.artifact), request.in_process, reporter)
+        config = replace(config, in_process=baseline.to_dict())
     label = config.model or config.endpoint
     run_id, run_dir = _make_run_dir(Path(request.out), request.run_id or new_run_id(label), bool(request.run_id))
     config = replace(config, run_id=run_id, run_dir=str(run_dir.resolve()))

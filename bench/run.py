@@ -169,6 +169,8 @@ class BenchRun:
                 from bench.warmup import warm_up
 
                 self.extra["warmup"] = warm_up(self.config, self.reporter)
+            if self.config.in_process:
+                self.extra["in_process"] = self.config.in_process
             self.snapshots.fetch_baseline()
             self._drive(runner)
         finally:

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mme.argtypes import byte_size, positive_float
+from mme.argtypes import byte_size, non_negative_float, positive_float
 from mme.errors import MmeError
 from mme.progress import Reporter
 
@@ -56,7 +56,7 @@ def register_realtime(subparsers) -> None:
         "demo-realtime",
         help="the second article's flow on local defaults: package a text model, a real-time endpoint, "
         "staged load, report with the instance count for a target TPS",
-        description="package MODEL (cpu-local) -> a local real-time endpoint serving it (mme serve --mode single) "
+        description="package MODEL with its tokenizer (cpu-local; requests send text) -> a local real-time endpoint serving it (mme serve --mode single) "
         "-> the staged load without TargetModel (mme bench --mode single) -> the report with the instances needed "
         "for --target-tps at 60%% and 70%% utilisation (mme report).",
     )
@@ -72,6 +72,10 @@ def register_realtime(subparsers) -> None:
     p.add_argument("--p95-slo-ms", type=positive_float, default=60_000.0,
                    help="the p95 latency a stage must hold to count as the instance's capacity (default: %(default)g, "
                    "SageMaker's invocation timeout: the article sized on the load one instance held before errors)")
+    p.add_argument("--in-process", type=non_negative_float, default=20.0, metavar="SECONDS",
+                   help="before the load, run the same text through the packaged tokenizer and the encoder with ONNX "
+                   "Runtime in this process for SECONDS: the report compares the endpoint with it (default: %(default)g; "
+                   "0: skip)")
     p.add_argument("--repackage", action="store_true", help="package again even if the artifact exists")
     p.set_defaults(func=run_realtime)
 
@@ -80,17 +84,23 @@ def _step(reporter: Reporter, number: int, text: str) -> None:
     reporter.info(f"\n==> [{number}/5] {text}")
 
 
-def package_step(model: str, out: Path, repackage: bool, reporter: Reporter) -> "PackagedArtifact":
-    """The cpu-local artifact of ``model`` under ``out``: the one there, or a new one."""
+def package_step(model: str, out: Path, repackage: bool, reporter: Reporter,
+                 with_tokenizer: bool = False) -> "PackagedArtifact":
+    """The cpu-local artifact of ``model`` under ``out`` (with its tokenizer: text in): the one
+    there when it is of that kind, or a new one."""
     from packager.manifest import MANIFEST_NAME, Manifest
     from packager.model import ModelRequest, triton_model_name
     from packager.pipeline import PackagedArtifact, PackageRequest, package
 
     directory = out / triton_model_name(model) / DEMO_FORMAT
     if (directory / MANIFEST_NAME).is_file() and not repackage:
-        reporter.info(f"  {directory} exists (pass --repackage to build it again)")
-        return PackagedArtifact(DEMO_FORMAT, directory, Manifest.load(directory))
-    request = PackageRequest(model=ModelRequest(name=model), formats=(DEMO_FORMAT,), out=out)
+        manifest = Manifest.load(directory)
+        if bool(manifest.details.values.get("text_input")) == with_tokenizer:
+            reporter.info(f"  {directory} exists (pass --repackage to build it again)")
+            return PackagedArtifact(DEMO_FORMAT, directory, manifest)
+        reporter.info(f"  {directory} exists {'without' if with_tokenizer else 'with'} a tokenizer: packaging it again")
+    request = PackageRequest(model=ModelRequest(name=model), formats=(DEMO_FORMAT,), out=out,
+                             with_tokenizer=with_tokenizer)
     artifact = next(a for a in package(request, reporter) if a.format == DEMO_FORMAT)
     reporter.info(f"  {artifact.format} -> {artifact.directory} (weights: {artifact.manifest.weights})")
     return artifact
@@ -174,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_realtime(args: argparse.Namespace) -> int:
     """The second article's flow: one text model on a real-time endpoint, sized for a target TPS."""
+    from bench.render import in_process_text
     from bench.report import build_report, print_results
     from bench.request import BenchRequest
     from serving.local_endpoint import LocalEndpoint, LocalEndpointOptions
@@ -183,8 +194,8 @@ def run_realtime(args: argparse.Namespace) -> int:
     reporter = Reporter(quiet=args.quiet)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     steps = 4
-    reporter.info(f"\n==> [1/{steps}] package {args.model} in the cpu-local format")
-    artifact = package_step(args.model, Path(args.out), args.repackage, reporter)
+    reporter.info(f"\n==> [1/{steps}] package {args.model} with its tokenizer (text in) in the cpu-local format")
+    artifact = package_step(args.model, Path(args.out), args.repackage, reporter, with_tokenizer=True)
     reporter.info(f"\n==> [2/{steps}] start a local real-time endpoint serving it (mme serve --mode single)")
     options = LocalEndpointOptions(models=str(artifact.directory), port=0, server_kind="local", mode="single",
                                    endpoint_name=REALTIME_ENDPOINT)
@@ -194,13 +205,16 @@ def run_realtime(args: argparse.Namespace) -> int:
                       "(mme bench --mode single)")
         request = BenchRequest(endpoint=REALTIME_ENDPOINT, endpoint_url=endpoint.url, mode="single",
                                artifact=str(artifact.directory), shape="staged", time_scale=args.time_scale,
-                               workers=args.workers, out=args.results,
+                               workers=args.workers, out=args.results, in_process=args.in_process,
                                run_id=f"demo-realtime-{stamp}-{artifact.manifest.model}", quiet=args.quiet)
         run_dir = _staged(request, args.quiet)
     reporter.info(f"\n==> [4/{steps}] report, sized for {args.target_tps:g} TPS with p95 <= {args.p95_slo_ms:g} ms "
                   "(mme report)")
     paths = build_report([run_dir], target_tps=args.target_tps, p95_slo_ms=args.p95_slo_ms, reporter=reporter)
     print_results(paths)
+    summary = paths.report.runs[0].summary
+    if args.in_process:
+        print(f"  in-process on this host: {in_process_text(summary.run.extra.get('in_process'), summary.overall.max_error_free_rps, summary.overall.sustained_rps)}")
     print(f"\ndemo done: open {paths.html}")
     print(f"  artifacts: {artifact.directory}; raw results: {run_dir}")
     return 0

@@ -58,6 +58,9 @@ def register(subparsers) -> None:
     p.add_argument("--workspace-gib", type=positive_float, default=4.0, help="TensorRT builder workspace (default: %(default)s)")
     p.add_argument("--triton-release", help="serving release the artifacts target (default: mme/versions.toml's, the newest "
                    "with a SageMaker image; python -m mme.versions --list)")
+    p.add_argument("--with-tokenizer", action="store_true",
+                   help="text models (BERT, DistilBERT): package a Triton ensemble of the model's WordPiece tokenizer "
+                   "and the encoder, so requests send text (a BYTES tensor TEXT) instead of token ids")
     p.add_argument("--seed", type=non_negative_int, default=0, help="seed for random weights and sample inputs")
     p.add_argument("--json", action="store_true", help="print the packaged artifacts as JSON on stdout")
     p.set_defaults(func=run)
@@ -99,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         ),
         atol=args.atol,
         triton_release=args.triton_release,
+        with_tokenizer=args.with_tokenizer,
     )
     reporter = Reporter(quiet=args.quiet)
     artifacts = package(request, reporter)

@@ -15,17 +15,29 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from mme.fsutil import deterministic_tar_gz, sha256_of, write_bytes_atomic
+from mme.fsutil import deterministic_tar_gz_dirs, sha256_of, write_bytes_atomic
 from packager.formats.base import ExportedModel
 from packager.manifest_records import FileEntry, SampleRequest
 from packager.model import LoadedModel
+from packager.spec import IOSpec, TensorSpec
 from packager.triton_config import write_config
 
 VERSION = "1"
+
+
+@dataclass(frozen=True)
+class Served:
+    """What an artifact's Triton model takes and returns, as the manifest records it: ``spec``'s
+    tensors by the names ``exported`` gives them, and the sample request written for it."""
+
+    spec: IOSpec
+    exported: ExportedModel
+    sample: SampleRequest
 
 
 def place_file(src: Path, dest: Path) -> None:
@@ -46,29 +58,34 @@ def write_model_directory(root: Path, name: str, exported: ExportedModel, config
     return model_dir
 
 
-def write_tarball(root: Path, name: str) -> Path:
+def write_tarball(root: Path, name: str, steps: tuple[str, ...] = ()) -> Path:
+    """``<name>.tar.gz``: the model directory ``name`` (an ensemble: then its ``steps`` after it)."""
     tarball = root / f"{name}.tar.gz"
-    deterministic_tar_gz(root / name, name, tarball)
+    deterministic_tar_gz_dirs([(root / d, d) for d in (name, *steps)], tarball)
     return tarball
 
 
 def write_sample_request(root: Path, model: LoadedModel, exported: ExportedModel) -> SampleRequest:
+    """The sample request of ``model``'s own inputs (batch 1), named as ``exported`` names them."""
+    arrays = model.make_inputs(1, model.spec.axes, 7)
+    return write_sample_arrays(root, [(t, arrays[s.name]) for s, t in zip(model.spec.inputs, exported.inputs)],
+                               exported)
+
+
+def write_sample_arrays(root: Path, inputs: list[tuple[TensorSpec, np.ndarray]], exported: ExportedModel) -> SampleRequest:
+    """sample_request.json and .bin asking ``exported``'s outputs for these input arrays (batch 1)."""
     import tritonclient.http as triton_http
 
-    spec = model.spec
-    arrays = model.make_inputs(1, spec.axes, 7)
-
     def body(binary: bool) -> tuple[bytes, int | None]:
-        inputs = []
-        for source, tensor in zip(spec.inputs, exported.inputs):
-            value = arrays[source.name]
+        entries = []
+        for tensor, value in inputs:
             if not binary and value.dtype.kind == "f":
                 value = np.round(value, 5)  # shorter JSON, same dtype
             entry = triton_http.InferInput(tensor.name, list(value.shape), tensor.kserve_datatype)
             entry.set_data_from_numpy(value, binary_data=binary)
-            inputs.append(entry)
+            entries.append(entry)
         outputs = [triton_http.InferRequestedOutput(t.name, binary_data=binary) for t in exported.outputs]
-        return triton_http.InferenceServerClient.generate_request_body(inputs, outputs=outputs)
+        return triton_http.InferenceServerClient.generate_request_body(entries, outputs=outputs)
 
     json_body, _ = body(False)
     binary_body, header_size = body(True)

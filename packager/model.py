@@ -38,6 +38,7 @@ class LoadedModel:
     weights: str  # "pretrained" | "random" | "local"
     parameters: int
     details: Mapping[str, Any] = field(default_factory=dict)
+    tokenizer: Any = None  # a text model's Hugging Face tokenizer, when one was found (hub or local)
 
 
 def triton_model_name(name: str) -> str:

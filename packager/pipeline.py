@@ -29,6 +29,7 @@ from packager.hub import hub_reachable, use_offline_mode
 from packager.manifest import Manifest
 from packager.manifest_records import BuildDetails, Source, TensorEntry, TritonSettings, TritonTarget, Validation
 from packager.model import ModelRequest, triton_model_name
+from packager.text_ensemble import TextEnsemble, check_text_family
 from packager.triton_config import TritonOptions, build_config
 from packager.validate import reference_cases, validate
 
@@ -43,6 +44,7 @@ class PackageRequest:
     triton: TritonOptions = field(default_factory=TritonOptions)
     atol: float | None = None
     triton_release: str | None = None
+    with_tokenizer: bool = False  # text models: an ensemble of the packaged tokenizer + the encoder (TEXT in)
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,8 @@ def package(request: PackageRequest, reporter: Reporter) -> list[PackagedArtifac
     from packager.registry import resolve  # imports timm / transformers
 
     family = resolve(request.model.name, request.family, request.model.weights_path)
+    if request.with_tokenizer:
+        check_text_family(request.model.name, family.name)
     reporter.info(f"==> packaging {request.model.name} as {', '.join(request.formats)} into {model_root}")
     load_timings: dict[str, float] = {}
     with reporter.stage(f"load {request.model.name}", load_timings, "load"):
@@ -102,8 +106,10 @@ def package(request: PackageRequest, reporter: Reporter) -> list[PackagedArtifac
         max_batch = request.triton.max_batch_size
         ctx = ExportContext(model=model, options=request.export, workdir=workdir, reporter=reporter,
                             max_batch_size=max_batch)
+        text = _text_model(request, model, reporter, load_timings) if request.with_tokenizer else None
         with reporter.stage("reference outputs from PyTorch", load_timings, "reference"):
             references = reference_cases(model, max_batch)
+            text_references = text.references(model, max_batch) if text else ()
         for index, format_name in enumerate(request.formats, start=1):
             fmt = FORMATS[format_name]
             reporter.info(f"[{index}/{len(request.formats)}] {format_name}: {fmt.description}")
@@ -111,18 +117,25 @@ def package(request: PackageRequest, reporter: Reporter) -> list[PackagedArtifac
             with reporter.stage("export", timings, "export"):
                 exported = fmt.export(ctx)
             atol = request.atol or fmt.default_atol(model.spec.default_atol, request.export.precision)
+            run = fmt.runner(exported, ctx)
             with reporter.stage("validate against PyTorch", timings, "validate"):
-                report = validate(model, exported, fmt.runner(exported, ctx), references, atol, reporter)
+                validation = validate(model, exported, run, references, atol, reporter).to_dict()
+                if text:
+                    validation = text.validate(model, exported, run, text_references, atol, reporter, validation)
             with staged_directory(model_root / format_name) as staging:
                 with reporter.stage("layout", timings, "layout"):
                     config = build_config(fmt, exported, request.triton, model.spec.axes,
                                           fmt.triton_parameters(request.export))
-                    layout.write_model_directory(staging, name, exported, config)
-                    sample = layout.write_sample_request(staging, model, exported)
+                    if text:
+                        served, steps = text.layout(staging, name, model, exported, config, request.triton)
+                    else:
+                        layout.write_model_directory(staging, name, exported, config)
+                        sample = layout.write_sample_request(staging, model, exported)
+                        served, steps = layout.Served(model.spec, exported, sample), ()
                 with reporter.stage("tarball", timings, "tarball"):
-                    tarball = layout.write_tarball(staging, name)
-                manifest = _manifest(request, family, model, fmt, exported, config, sample, tarball.name, staging,
-                                     report, timings, release)
+                    tarball = layout.write_tarball(staging, name, steps)
+                manifest = _manifest(request, family, model, fmt, served, config, tarball.name, staging,
+                                     validation, timings, release, text)
                 manifest.write(staging)
             results.append(PackagedArtifact(format_name, model_root / format_name, manifest))
     finally:
@@ -132,8 +145,15 @@ def package(request: PackageRequest, reporter: Reporter) -> list[PackagedArtifac
     return results
 
 
-def _manifest(request, family, model, fmt, exported, config, sample, tarball, staging, report, timings,
-              release) -> Manifest:
+def _text_model(request: PackageRequest, model, reporter: Reporter, timings: dict[str, float]) -> TextEnsemble:
+    """The tokenizer to package with ``model``, checked against Hugging Face's before any export."""
+    with reporter.stage("tokenizer: check against Hugging Face's", timings, "tokenizer"):
+        return TextEnsemble.for_model(model, reporter)
+
+
+def _manifest(request, family, model, fmt, served, config, tarball, staging, validation, timings,
+              release, text) -> Manifest:
+    exported = served.exported
     versions = {"mme-toolkit": __version__, "python": platform.python_version(), **fmt.recorded_versions(exported),
                 **family.versions()}
     source = Source(
@@ -152,7 +172,11 @@ def _manifest(request, family, model, fmt, exported, config, sample, tarball, st
         dynamic_batching=request.triton.dynamic_batching,
         target=TritonTarget.from_release(release),
     )
-    spec_names = {e.name: s.name for s, e in zip(model.spec.inputs + model.spec.outputs, exported.inputs + exported.outputs)}
+    spec = served.spec
+    spec_names = {e.name: s.name for s, e in zip(spec.inputs + spec.outputs, exported.inputs + exported.outputs)}
+    details = dict(exported.details) | {"task": spec.task, "axes_max": spec.axes}
+    if text:
+        details |= text.details(triton_model_name(request.model.name))
     return Manifest(
         model=triton_model_name(request.model.name),
         requested_name=request.model.name,
@@ -164,10 +188,10 @@ def _manifest(request, family, model, fmt, exported, config, sample, tarball, st
         parameters=int(model.parameters),
         inputs=tuple(TensorEntry.from_spec(t, spec_names[t.name]) for t in exported.inputs),
         outputs=tuple(TensorEntry.from_spec(t, spec_names[t.name]) for t in exported.outputs),
-        sample_request=sample,
+        sample_request=served.sample,
         versions=versions,
-        validation=Validation.from_dict(report.to_dict()),
+        validation=Validation.from_dict(validation),
         timings_s={k: round(v, 3) for k, v in timings.items()},
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        details=BuildDetails.from_dict(dict(exported.details) | {"task": model.spec.task, "axes_max": model.spec.axes}),
+        details=BuildDetails.from_dict(details),
     )

@@ -19,6 +19,7 @@ _DTYPES = {
     "int64": ("TYPE_INT64", "INT64"),
     "int32": ("TYPE_INT32", "INT32"),
     "bool": ("TYPE_BOOL", "BOOL"),
+    "bytes": ("TYPE_STRING", "BYTES"),  # text: numpy object arrays of UTF-8 bytes
 }
 
 BATCH_AXIS = "batch"

@@ -24,6 +24,8 @@ from packager.weights import load_with_weights
 FAMILY = "huggingface"
 DEFAULT_SEQ_LEN = 128
 SAMPLE_TEXT = "I am super happy right now."  # the second article's payload
+# Files that hold a tokenizer's vocabulary (fast or slow, WordPiece or BPE).
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
 
 _BERT_LARGE = dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
 _ROBERTA = dict(
@@ -40,6 +42,9 @@ BUILTIN_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "roberta-large": ("roberta", dict(_ROBERTA, **_BERT_LARGE)),
     "distilbert-base-uncased": ("distilbert", {}),
     "distilroberta-base": ("roberta", dict(_ROBERTA, num_hidden_layers=6)),
+    # 4.4M parameters: the smallest published BERT (Turc et al.), quick to package, serve and load-test
+    "prajjwal1/bert-tiny": ("bert", dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                                         intermediate_size=512)),
 }
 ALIASES = {
     "google-bert/bert-base-uncased": "bert-base-uncased",
@@ -210,17 +215,24 @@ def load(request: ModelRequest, reporter: Reporter) -> LoadedModel:
             "tokenizer": getattr(tokenizer, "name_or_path", None) if tokenizer is not None else None,
             "vocab_size": vocab,
         },
+        tokenizer=tokenizer,
     )
 
 
 def _tokenizer(name: str, request: ModelRequest, weights: str):
     from transformers import AutoTokenizer
 
-    source = str(request.weights_path) if weights == "local" and request.weights_path is not None and Path(request.weights_path).is_dir() else name
+    local = weights == "local" and request.weights_path is not None and Path(request.weights_path).is_dir()
+    source = str(request.weights_path) if local else name
+    if local and not any((Path(source) / f).is_file() for f in TOKENIZER_FILES):
+        return None  # transformers 5 would make a placeholder of the special tokens alone
     try:
-        return AutoTokenizer.from_pretrained(source)
+        tokenizer = AutoTokenizer.from_pretrained(source)
     except Exception:
         return None  # no tokenizer here: sample inputs use random token ids
+    if len(tokenizer.get_vocab()) <= len(tokenizer.all_special_tokens):
+        return None  # a placeholder without a vocabulary, not the model's tokenizer
+    return tokenizer
 
 
 def _load_state_dict(path: Path) -> dict:

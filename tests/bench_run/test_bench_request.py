@@ -53,3 +53,28 @@ def test_the_master_port_defaults_to_the_workers_default_when_remote_workers_are
         assert build_config(request, "r", Path()).master_port == 0  # local workers only: any free port
         remote = build_config(replace(request, expect_workers=1), "r", Path())
         assert remote.master_port == WORKER_MASTER_PORT
+
+
+def test_in_process_needs_an_artifact_that_onnx_runtime_runs(tmp_path, test_resnet_cpu_local) -> None:
+    directory, _ = test_resnet_cpu_local
+    with pytest.raises(UsageError, match="--in-process runs the artifact's model in this process: it needs --artifact"):
+        build_config(BenchRequest(endpoint="e", endpoint_url="http://127.0.0.1:9", mode="single", in_process=1.0), "",
+                     Path())
+    torchscript = tmp_path / "torchscript"
+    torchscript.mkdir()
+    manifest = (directory / "manifest.json").read_text().replace('"format": "cpu-local"', '"format": "torchscript"')
+    (torchscript / "manifest.json").write_text(manifest)
+    with pytest.raises(UsageError, match="is torchscript: use an artifact in one of onnx, cpu-local"):
+        build_config(BenchRequest(endpoint="e", endpoint_url="http://127.0.0.1:9", artifact=str(torchscript),
+                                  in_process=1.0), "", Path())
+    assert _parsed("--endpoint", "e", "--in-process", "5").in_process == 5.0
+
+
+def test_in_process_baseline_runs_the_artifacts_model_on_its_sample(test_resnet_cpu_local) -> None:
+    from bench.in_process import measure_in_process
+    from mme.progress import Reporter
+
+    directory, _ = test_resnet_cpu_local
+    result = measure_in_process(directory, 0.5, Reporter(quiet=True))
+    assert result.requests >= 1 and result.requests_per_s > 0 and result.p95_ms >= result.p50_ms > 0
+    assert result.pipeline == "model" and result.runtime.startswith("onnxruntime ")

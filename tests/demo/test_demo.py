@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from mme.cli import main
 
@@ -33,14 +34,21 @@ def test_demo_end_to_end(tmp_path, capsys):
 def test_demo_realtime_end_to_end(tmp_path, capsys):
     """The second article's flow: package, a real-time endpoint (no TargetModel), staged load,
     the report with the per-level table and the instances for a target TPS at 60% and 70%."""
-    code = main(["demo-realtime", "--model", "test_resnet", "--out", str(tmp_path / "artifacts"), "--results",
-                 str(tmp_path / "results"), "--time-scale", "0.03", "--target-tps", "500", "--p95-slo-ms", "5000"])
+    code = main(["demo-realtime", "--model", "prajjwal1/bert-tiny", "--out", str(tmp_path / "artifacts"), "--results",
+                 str(tmp_path / "results"), "--time-scale", "0.03", "--target-tps", "500", "--p95-slo-ms", "5000",
+                 "--in-process", "2"])
     out = capsys.readouterr().out
     assert code == 0
-    markdown = next((tmp_path / "results").glob("demo-realtime-*-test_resnet/report.md"))
+    markdown = next((tmp_path / "results").glob("demo-realtime-*-prajjwal1--bert-tiny/report.md"))
     run_dir = markdown.parent
     run = json.loads((run_dir / "run.json").read_text())
     assert run["mode"] == "single" and run["copies"] == 0
+    # text in: the packaged tokenizer's ensemble, sent the article's sentence
+    assert run["content_type"] == "application/json" and run["extra"]["payload_source"].endswith("sample_request.json")
+    sample = json.loads(Path(run["extra"]["payload_source"]).read_text())
+    assert sample["inputs"][0]["datatype"] == "BYTES" and sample["inputs"][0]["data"] == ["I am super happy right now."]
+    baseline = run["extra"]["in_process"]
+    assert baseline["pipeline"] == "packaged tokenizer + encoder" and baseline["requests"] > 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert len(summary["stages"]) == 11 and summary["overall"]["failures"] == 0
     text = markdown.read_text()
@@ -50,4 +58,5 @@ def test_demo_realtime_end_to_end(tmp_path, capsys):
     cells = [c.strip() for c in row.strip("|").split("|")]
     at60, at70 = int(cells[4]), int(cells[5])
     assert at60 >= at70 >= 1  # more headroom, more instances
+    assert f"{baseline['requests_per_s']:.2f} requests/s" in text and "of it" in text
     assert f"open {run_dir / 'report.html'}" in out

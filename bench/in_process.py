@@ -1,0 +1,135 @@
+"""``mme bench --in-process SECONDS``: the artifact's model run in this process on its sample
+request (the tensors the bench sends), one call after another at batch 1, before the load starts: the ceiling one caller
+gets on this host without HTTP, the front or Triton. The report puts the endpoint's throughput
+next to it (same payload, same run).
+
+ONNX files only (the onnx and cpu-local formats) with ONNX Runtime and the thread count the
+artifact serves with; a text ensemble runs its packaged tokenizer first, as Triton does.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from mme.errors import UsageError
+from mme.progress import Reporter
+
+FORMATS = ("onnx", "cpu-local")
+_NUMPY = {"FP32": np.float32, "FP16": np.float16, "INT64": np.int64, "INT32": np.int32, "BOOL": np.bool_,
+          "BYTES": np.object_}
+
+
+@dataclass(frozen=True)
+class InProcessResult:
+    requests: int
+    seconds: float
+    requests_per_s: float
+    p50_ms: float
+    p95_ms: float
+    runtime: str  # "onnxruntime 1.23.2, 2 intra-op threads"
+    pipeline: str  # "tokenizer + encoder" or "model"
+    payload: str  # what was sent
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
+
+
+def check_artifact(artifact: str | None) -> Path:
+    """The artifact directory --in-process runs, or UsageError saying what it needs."""
+    from packager.manifest import Manifest
+
+    if not artifact:
+        raise UsageError("--in-process runs the artifact's model in this process: it needs --artifact DIR")
+    manifest = Manifest.load(Path(artifact))
+    if manifest.format not in FORMATS:
+        raise UsageError(f"--in-process runs ONNX files with ONNX Runtime; {artifact} is {manifest.format}: "
+                         f"use an artifact in one of {', '.join(FORMATS)}")
+    return Path(artifact)
+
+
+def kserve_arrays(body: bytes) -> dict[str, np.ndarray]:
+    """The input tensors of a KServe v2 JSON request body."""
+    request = json.loads(body)
+    arrays = {}
+    for entry in request.get("inputs", ()):
+        dtype = _NUMPY[entry["datatype"]]
+        data = entry["data"]
+        if dtype is np.object_:
+            data = [d.encode("utf-8") if isinstance(d, str) else d for d in np.ravel(np.array(data, dtype=object))]
+        arrays[entry["name"]] = np.array(data, dtype=dtype).reshape(entry["shape"])
+    return arrays
+
+
+def model_call(directory: Path) -> tuple[Callable[[dict[str, np.ndarray]], Any], str, str]:
+    """One in-process call of the artifact's model on the JSON sample's arrays: (call, runtime, pipeline)."""
+    import onnxruntime as ort
+
+    from packager.manifest import Manifest
+    from packager.text_ensemble import step_names
+
+    manifest = Manifest.load(directory)
+    text = manifest.details.values.get("text_input")
+    threads = int(manifest.details.values.get("intra_op_num_threads") or 0)
+    model_dir = directory / (step_names(manifest.model)[1] if text else manifest.model)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(model_dir / "1" / "model.onnx"), sess_options=options,
+                                   providers=["CPUExecutionProvider"])
+    runtime = f"onnxruntime {ort.__version__}, {threads or 'all'} intra-op threads"
+    if not text:
+        return (lambda arrays: session.run(None, arrays)), runtime, "model"
+    tokenizer_dir = directory / step_names(manifest.model)[0] / "1"
+    tokenizer = _tokenizer(tokenizer_dir, manifest.details.values.get("tokenizer") or {})
+
+    def call(arrays: dict[str, np.ndarray]) -> Any:
+        texts = [v.decode("utf-8") for v in arrays["TEXT"][:, 0]]
+        ids, mask = tokenizer.encode(texts)
+        return session.run(None, {"input_ids": ids, "attention_mask": mask})
+
+    return call, runtime, "packaged tokenizer + encoder"
+
+
+def _tokenizer(version_dir: Path, settings: dict) -> Any:
+    """The artifact's own tokenizer (its model.py), with the settings the manifest records."""
+    spec = importlib.util.spec_from_file_location("mme_packaged_tokenizer", version_dir / "model.py")
+    if spec is None or spec.loader is None:
+        raise UsageError(f"{version_dir / 'model.py'} cannot be loaded; package the model again")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    special = settings.get("special_tokens") or {}
+    return module.WordPieceTokenizer.from_file(
+        str(version_dir / "vocab.txt"), max_length=int(settings["max_length"]), lowercase=bool(settings["lowercase"]),
+        strip_accents=settings.get("strip_accents"), unk_token=special.get("unk", "[UNK]"),
+        cls_token=special.get("cls", "[CLS]"), sep_token=special.get("sep", "[SEP]"), pad_token=special.get("pad", "[PAD]"))
+
+
+def measure_in_process(directory: Path, seconds: float, reporter: Reporter) -> InProcessResult:
+    """Call the model on the artifact's sample request one call after another for ``seconds``
+    (after one untimed call); percentiles as the report's (numpy's linear method)."""
+    from bench.payload import from_artifact
+
+    call, runtime, pipeline = model_call(directory)
+    arrays = kserve_arrays(from_artifact(directory).body)
+    reporter.info(f"==> in-process baseline: {pipeline} of {directory} with {runtime}, batch 1, {seconds:g} s")
+    call(arrays)  # first-call allocations are not the steady state
+    latencies = []
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        t0 = time.perf_counter()
+        call(arrays)
+        latencies.append(time.perf_counter() - t0)
+    elapsed = time.perf_counter() - start
+    ms = np.array(latencies) * 1000.0
+    result = InProcessResult(len(latencies), elapsed, len(latencies) / elapsed, float(np.percentile(ms, 50)),
+                             float(np.percentile(ms, 95)), runtime, pipeline, "the artifact's sample request")
+    reporter.info(f"  {result.requests_per_s:.1f} requests/s in-process (p50 {result.p50_ms:.1f} ms, "
+                  f"{result.requests} calls)")
+    return result
