@@ -13,7 +13,7 @@ ARGS ?=
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-gpu package serve capacity bench report demo demo-realtime test lint test-gpu bench-package bench-client-cost bench-front bench-cold-start bench-churn bench-crash bench-thrash bench-bomb clean lock
+.PHONY: help install install-gpu package serve capacity bench report demo demo-realtime demo-fleet test lint test-gpu bench-package bench-client-cost bench-front bench-cold-start bench-churn bench-crash bench-thrash bench-bomb clean lock
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -58,6 +58,9 @@ report: $(STAMP) ## the HTML and Markdown report of RUN (default: the newest run
 
 demo: $(STAMP) ## the main job on local defaults: package, capacity, local MME, staged load, report
 	$(MME) demo --model $(MODEL) --out $(OUT) $(ARGS)
+
+demo-fleet: $(STAMP) ## a fleet of tiny models on one local MME: package a catalogue, predict each model's hit ratio, load-test the mix, report predicted vs measured
+	$(MME) demo-fleet --out $(OUT) $(ARGS)
 
 demo-realtime: $(STAMP) ## the second article's flow: distilbert on a local real-time endpoint, staged load, report sized for 1000 TPS
 	$(MME) demo-realtime --out $(OUT) $(ARGS)

@@ -61,6 +61,16 @@ def register_bench(subparsers) -> None:
     target.add_argument("--instance-type", help="recorded in run.json, e.g. ml.g5.2xlarge (default: 'local' for local URLs)")
 
     body = p.add_argument_group("payload")
+    fleet = p.add_argument_group("a fleet (--mix)")
+    fleet.add_argument("--mix", metavar="MIX", help="send every model of --catalogue its own sample request with this "
+                       "popularity: zipf:S (the catalogue's order is the popularity order) or a TOML file with [rates] "
+                       "(model = requests/s), as for 'mme capacity --catalogue'")
+    fleet.add_argument("--catalogue", metavar="FILE", help="the catalogue packaged by 'mme package --catalogue FILE'")
+    fleet.add_argument("--artifacts", default=DEFAULTS.artifacts, metavar="DIR",
+                       help="where the catalogue was packaged (default: %(default)s)")
+    fleet.add_argument("--format", dest="mix_format", metavar="FORMAT",
+                       help="the format of each entry to send (default: the entry's first)")
+    fleet.add_argument("--rps", type=positive_float, help="a Zipf mix's total requests/s (only its ratios pick targets)")
     body.add_argument("--artifact", metavar="DIR", help="artifacts/<model>/<format>: send its manifest's sample request")
     body.add_argument("--binary", action="store_true", help="with --artifact: the binary+json sample instead of JSON")
     body.add_argument("--payload", metavar="FILE", help="send this file's bytes")

@@ -81,6 +81,8 @@ class BenchConfig:
     max_failure_rate: float = 0.01  # the run fails (exit code 1) above this share of failed requests
     warmup: bool = False  # one answered request per target before the first stage (bench.warmup)
     in_process: dict | None = None  # the in-process baseline measured before the run (bench.in_process)
+    mix: dict | None = None  # a fleet mix (bench.mix.MixPlan.to_json): targets, weights, models
+    mix_payloads: list | None = None  # per target of ``mix``: [base64 body, content type]
 
     @property
     def address(self) -> EndpointAddress:

@@ -21,6 +21,8 @@ from bench.summary_records import (
     top_errors_text,
 )
 from bench.charts import distinct_labels
+from bench.per_model import ModelRow
+from bench.per_model import table as per_model_table
 from bench.sizing import Sizing
 
 SATURATED_FLAG = "⚠ generator saturated: unreliable"
@@ -38,6 +40,7 @@ class RunReport:
     summary: RunSummary
     charts: tuple[Chart, ...]
     sizing: Sizing | None
+    per_model: tuple[ModelRow, ...] = ()  # a run over several models (a fleet mix): one row each
 
 
 @dataclass(frozen=True)
@@ -283,6 +286,12 @@ def _html_run(r: RunReport, label: str) -> str:
     parts.append("<h3>Overall</h3>")
     parts.append(_html_table(["metric", "value"], overall_rows(s), text_columns=(0, 1)))
     parts += [_img(c) for c in r.charts]
+    if r.per_model:
+        header, rows = per_model_table(list(r.per_model))
+        parts.append("<h3>Per model</h3>")
+        parts.append("<p class='note'>Hit ratio: successful requests that did not wait for their model to load; "
+                     "predicted: the fleet plan's simulation of the endpoint's LRU cache on this mix.</p>")
+        parts.append(_html_table(header, rows, text_columns=(0,)))
     parts.append("<h3>Stages (user levels)</h3>")
     if any(st.saturated for st in s.stages):
         parts.append(f"<p class='warning'>Rows marked &ldquo;{_e(SATURATED_FLAG)}&rdquo; had the load generator above "
@@ -361,6 +370,9 @@ def to_markdown(report: Report, base: Path) -> str:
             out.append("")
         out += [_md_table(["metric", "value"], overall_rows(s)), ""]
         out += [_md_link(c, base) for c in r.charts]
+        if r.per_model:
+            header, rows = per_model_table(list(r.per_model))
+            out += ["", "### Per model", "", _md_table(header, rows)]
         columns = stage_columns(s)
         out += ["", "### Stages", "",
                 _md_table([name for name, _ in columns], [[get(st) for _, get in columns] for st in s.stages]), ""]

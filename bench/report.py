@@ -85,6 +85,7 @@ def default_out(runs: Sequence[Path]) -> Path:
 def build_report(results: Sequence[str | Path], out: Path | None = None, target_tps: float | None = None,
                  p95_slo_ms: float | None = None, reporter: Reporter | None = None) -> ReportPaths:
     from bench import analysis, charts, render, sizing, summary_io
+    from bench.per_model import per_model, write_per_model
     from mme.fsutil import ensure_writable_dir, write_bytes_atomic
 
     reporter = reporter or Reporter(quiet=True)
@@ -120,7 +121,10 @@ def build_report(results: Sequence[str | Path], out: Path | None = None, target_
             write_bytes_atomic(chart.path, chart.png)
             run_charts.append(chart.path)
         sized = sizing.size(s, target_tps, p95_slo_ms) if target_tps is not None and p95_slo_ms is not None else None
-        runs.append(render.RunReport(s, tuple(run_charts_of), sized))
+        models = per_model(s.run_dir)
+        if len(models) > 1:
+            summary_files.append(write_per_model(s.run_dir, models))
+        runs.append(render.RunReport(s, tuple(run_charts_of), sized, tuple(models) if len(models) > 1 else ()))
 
     comparison = None
     if len(summaries) > 1:

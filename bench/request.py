@@ -76,6 +76,11 @@ class BenchRequest:
     max_failure_rate: float = 0.01  # exit non-zero above this share of failed requests
     warmup: bool = False  # load every target before the first stage
     in_process: float = 0.0  # seconds of the artifact's model run in-process before the load (0: not)
+    mix: str | None = None  # a fleet's traffic (zipf:S or a TOML file of rates) over --catalogue's models
+    catalogue: str | None = None
+    artifacts: str = "artifacts"  # where --catalogue was packaged
+    mix_format: str | None = None  # the format of each entry sent (default: its first)
+    rps: float | None = None  # a zipf mix's total requests/s (only its ratios matter to a closed loop)
     out: str = "results"
     run_id: str | None = None
     progress_interval: float = 5.0
@@ -112,10 +117,11 @@ def build_config(request: BenchRequest, run_id: str, run_dir: Path) -> "BenchCon
     from bench.targets import parse_distribution, resolve_targets
 
     r = request
+    mix = _mix(r)
     if r.artifact and r.payload:
         raise UsageError("give --artifact or --payload, not both")
-    if r.binary and not r.artifact:
-        raise UsageError("--binary picks the artifact's binary sample request; it needs --artifact")
+    if r.binary and not r.artifact and mix is None:
+        raise UsageError("--binary picks the artifact's binary sample request; it needs --artifact (or --mix)")
     if r.content_type and not r.payload:
         raise UsageError("--content-type goes with --payload (an artifact's content type is in its manifest)")
     if r.in_process < 0:
@@ -128,6 +134,8 @@ def build_config(request: BenchRequest, run_id: str, run_dir: Path) -> "BenchCon
         payload = payloads.from_artifact(Path(r.artifact), binary=r.binary)
     elif r.payload:
         payload = payloads.from_file(Path(r.payload), r.content_type)
+    elif mix is not None:
+        payload = mix.payloads[0]
     elif r.mode == "single":
         payload = payloads.default_single_model()
     else:
@@ -135,7 +143,10 @@ def build_config(request: BenchRequest, run_id: str, run_dir: Path) -> "BenchCon
                          "or --payload FILE --content-type CT")
 
     distribution = parse_distribution(r.distribution)
-    if r.mode == "multi":
+    model: str | None
+    if mix is not None:
+        model = Path(str(r.catalogue)).stem  # the fleet's name: the run is about all its models
+    elif r.mode == "multi":
         model = r.model or payload.model
         if not model:
             raise UsageError("name the model for the target names with --model (or use --artifact)")
@@ -171,7 +182,14 @@ def build_config(request: BenchRequest, run_id: str, run_dir: Path) -> "BenchCon
                          "--mode single" if served_mode == "single" else
                          f"the endpoint at {address.url} is a multi-model endpoint: leave --mode single out")
     targets: tuple[str, ...] = ()
-    if r.mode == "multi" and model:  # checked above: a multi-model bench has a model name
+    if mix is not None:
+        served = fetch_targets(address.url) if address.custom_url else None
+        missing = [t for t in mix.targets if served is not None and t not in served]
+        if missing:
+            raise UsageError(f"the endpoint at {address.url} does not serve {', '.join(missing[:4])} of the catalogue; "
+                             "serve the catalogue's artifacts (mme serve --models DIR with every tarball)")
+        targets = mix.targets
+    elif r.mode == "multi" and model:  # checked above: a multi-model bench has a model name
         served = fetch_targets(address.url) if address.custom_url else None
         targets = resolve_targets(model, r.copies, r.target_template, served, f"the endpoint at {address.url}")
 
@@ -190,7 +208,28 @@ def build_config(request: BenchRequest, run_id: str, run_dir: Path) -> "BenchCon
         drain_s=r.timeout if r.drain is None else r.drain, max_failure_rate=r.max_failure_rate, warmup=r.warmup,
         progress_interval_s=r.progress_interval, metrics_interval_s=r.metrics_interval, quiet=r.quiet,
         credentials_note=credentials_note, seed=r.seed,
+        mix=None if mix is None else mix.to_json() | {"spec": r.mix, "catalogue": r.catalogue},
+        mix_payloads=None if mix is None else [[base64.b64encode(p.body).decode(), p.content_type] for p in mix.payloads],
     )
+
+
+def _mix(r: BenchRequest):
+    """The fleet mix of ``r`` (None without --mix), every conflicting option refused."""
+    if r.mix is None:
+        if r.catalogue:
+            raise UsageError("--catalogue goes with --mix (the traffic over its models)")
+        return None
+    if not r.catalogue:
+        raise UsageError("--mix needs --catalogue FILE: the models whose sample requests are sent")
+    clash = [flag for flag, used in (("--artifact", r.artifact), ("--payload", r.payload), ("--copies", r.copies),
+                                     ("--model", r.model), ("--target-template", r.target_template),
+                                     ("--mode single", r.mode == "single"), ("--in-process", r.in_process),
+                                     ("--distribution", r.distribution != "uniform")) if used]
+    if clash:
+        raise UsageError(f"--mix sends each catalogue model its own sample request: leave {', '.join(clash)} out")
+    from bench.mix import build_mix
+
+    return build_mix(r.mix, r.catalogue, r.artifacts, r.mix_format, r.rps, r.binary)
 
 
 def worker_token_env(token: str | None) -> dict[str, str]:

@@ -129,7 +129,7 @@ class BenchRun:
             run_id=config.run_id, endpoint=config.endpoint,
             endpoint_url=config.endpoint_url if config.custom_url else None, region=config.region, mode=config.mode,
             model=config.model, format=config.format, instance_type=config.instance_type, copies=len(config.targets),
-            target_distribution=config.distribution if config.targets else "uniform", client=config.client,
+            target_distribution=(f"mix {config.mix.get('spec')}" if config.mix else config.distribution) if config.targets else "uniform", client=config.client,
             workers=config.generators, shape=config.shape, content_type=config.content_type,
             payload_bytes=len(config.payload), started_at=self.started_at, ended_at=_utc_now() if ended else None,
             stopped_reason=self.stop_reason if ended else None, models_loaded=self.snapshots.models_loaded(),
@@ -158,6 +158,8 @@ class BenchRun:
                 f = self.collector.first_failure
                 extra["first_failure"] = {"t": round(f.t, 3), "stage": f.stage, "users": f.users, "target": f.target,
                                           "status": f.status, "error": f.error, "worker": f.worker}
+        if config.mix:
+            extra["mix"] = config.mix
         extra.update(self.extra)
         return extra
 
@@ -207,7 +209,8 @@ class BenchRun:
         if self.runners.link is not None:
             self.runners.link.collector = self.collector
         self.snapshots.start(t0_wall)
-        mode = f"{config.mode}-model, {len(config.targets)} target(s) {config.distribution}" if config.targets else "single model"
+        popularity = f"mix {config.mix.get('spec')}" if config.mix else config.distribution
+        mode = f"{config.mode}-model, {len(config.targets)} target(s) {popularity}" if config.targets else "single model"
         self.reporter.info(f"==> bench {config.run_id}: {config.endpoint} at {config.endpoint_url} ({mode}); shape "
                            f"{config.shape} {plan.duration_s:g} s; client {config.client}; {config.generators} generator(s)")
         stage, last_tick = None, None

@@ -99,13 +99,18 @@ def resolve_targets(model: str, copies: int | None, template: str | None, served
 class TargetPicker:
     """Picks a target per request; ``pick()`` is on the hot path (one bisect at most)."""
 
-    def __init__(self, names: tuple[str, ...], distribution: Distribution, seed: int | None = None) -> None:
+    def __init__(self, names: tuple[str, ...], distribution: Distribution, seed: int | None = None,
+                 weights: tuple[float, ...] | None = None) -> None:
+        """``weights``: each name's relative popularity (a fleet mix), instead of ``distribution``'s."""
         if not names:
             raise UsageError("no target models to pick from")
+        if weights is not None and (len(weights) != len(names) or not sum(weights) > 0):
+            raise UsageError("a mix needs one weight per target and a positive total")
         self.names = names
         self.distribution = distribution
         self._random = random.Random(seed)
-        weights = zipf_weights(len(names), distribution.s) if distribution.kind == "zipf" else None
+        if weights is None and distribution.kind == "zipf":
+            weights = tuple(zipf_weights(len(names), distribution.s))
         self._cumulative = list(itertools.accumulate(weights)) if weights else None
 
     def pick(self) -> str:

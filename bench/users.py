@@ -17,6 +17,7 @@ no request that was sent goes unrecorded.
 
 from __future__ import annotations
 
+import base64
 import itertools
 import random
 import time
@@ -88,10 +89,20 @@ class GeneratorState:
         self.wait_s = (config.wait_min_s, config.wait_max_s)
         share = -(-(config.max_inflight if plan.open_loop else plan.max_users) // config.generators)
         credentials, _ = resolve_credentials(config.address)
-        self.invoker = CLIENTS[config.client](config.address, credentials, config.payload, config.content_type,
-                                              config.accept, pool_size=share + 1, timeout_s=config.timeout_s)
+        def invoker(body: bytes, content_type: str) -> Invoker:
+            return CLIENTS[config.client](config.address, credentials, body, content_type, config.accept,
+                                          pool_size=share + 1, timeout_s=config.timeout_s)
+
+        weights = None
+        if config.mix and config.mix_payloads:  # a fleet: each target its own body
+            self.invoker = MixInvoker({target: invoker(base64.b64decode(body), content_type) for target, (body, content_type)
+                                       in zip(config.targets, config.mix_payloads)})
+            weights = tuple(config.mix["weights"])
+        else:
+            self.invoker = invoker(config.payload, config.content_type)
         if config.targets:
-            self.picker = TargetPicker(config.targets, parse_distribution(config.distribution), seed=config.seed)
+            self.picker = TargetPicker(config.targets, parse_distribution(config.distribution), seed=config.seed,
+                                       weights=weights)
         self.config = config
         self.ready.set()
 
@@ -107,6 +118,20 @@ class GeneratorState:
     def close(self) -> None:
         if self.invoker is not None:
             self.invoker.close()
+
+
+class MixInvoker:
+    """A fleet's requests: each target through the invoker holding its own sample body."""
+
+    def __init__(self, invokers: dict[str, Invoker]) -> None:
+        self.invokers = invokers
+
+    def invoke(self, target: str | None) -> InvokeResult:
+        return self.invokers[target or ""].invoke(target)
+
+    def close(self) -> None:
+        for invoker in self.invokers.values():
+            invoker.close()
 
 
 STATE = GeneratorState()

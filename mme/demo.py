@@ -45,6 +45,9 @@ def register(subparsers) -> None:
     p.add_argument("--repackage", action="store_true", help="package again even if the artifact exists")
     p.set_defaults(func=run)
     register_realtime(subparsers)
+    from mme import demo_fleet
+
+    demo_fleet.register(subparsers)
 
 
 REALTIME_MODEL = "distilbert-base-uncased"  # the second article's model

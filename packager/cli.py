@@ -6,9 +6,13 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mme.argtypes import int_list, non_negative_int, positive_float, positive_int
 from mme.progress import Reporter
+
+if TYPE_CHECKING:
+    from packager.pipeline import PackageRequest
 
 
 def register(subparsers) -> None:
@@ -63,6 +67,15 @@ def register(subparsers) -> None:
                    "and the encoder, so requests send text (a BYTES tensor TEXT) instead of token ids")
     p.add_argument("--seed", type=non_negative_int, default=0, help="seed for random weights and sample inputs")
     p.add_argument("--json", action="store_true", help="print the packaged artifacts as JSON on stdout")
+    fleet = p.add_argument_group("catalogue (many models)")
+    fleet.add_argument("--catalogue", type=Path, metavar="FILE",
+                       help="package every model of a TOML catalogue ([defaults] and [[model]] tables with this "
+                       "command's options, e.g. formats, image_size, seq_len, max_batch_size, with_tokenizer); entries "
+                       "already packaged for the same options are skipped; writes catalogue-summary.{csv,json,md} "
+                       "under --out; the exit code is the number of entries that failed")
+    fleet.add_argument("--jobs", type=positive_int, default=1, metavar="N",
+                       help="with --catalogue: entries packaged at once, each in its own process; a job starts only "
+                       "while the memory it will need is free (default: %(default)s)")
     p.set_defaults(func=run)
 
 
@@ -71,17 +84,43 @@ def run(args: argparse.Namespace) -> int:
 
     if args.list:
         return _list(args)
-    if not args.model:
-        raise UsageError("mme package: give a MODEL (e.g. resnet50) or --list (see 'mme package --help')")
+    if args.catalogue and args.model:
+        raise UsageError(f"mme package: give a MODEL or --catalogue FILE, not both ({args.model!r} and {args.catalogue})")
+    if not args.model and not args.catalogue:
+        raise UsageError("mme package: give a MODEL (e.g. resnet50), --catalogue FILE or --list (see 'mme package --help')")
 
+    from packager.pipeline import package
+
+    if args.catalogue:
+        from packager.catalogue import run_catalogue
+
+        return run_catalogue(args)
+    request = request_from_args(args)
+    reporter = Reporter(quiet=args.quiet)
+    artifacts = package(request, reporter)
+    for artifact in artifacts:
+        m = artifact.manifest
+        size = artifact.tarball.stat().st_size / 1e6
+        reporter.info(
+            f"  {m.format:<15} -> {artifact.directory}  (max |diff| {m.validation.max_abs_diff:.2e}, "
+            f"{m.tarball} {size:.1f} MB, weights: {m.weights})"
+        )
+    if args.json:
+        json.dump([a.manifest.to_dict() | {"directory": str(a.directory)} for a in artifacts], sys.stdout, indent=2)
+        print()
+    return 0
+
+
+def request_from_args(args: argparse.Namespace) -> "PackageRequest":
+    """The PackageRequest of parsed ``mme package`` arguments (also what a catalogue entry becomes)."""
     from packager.formats import parse_formats
     from packager.formats.base import ExportOptions
     from packager.model import ModelRequest
-    from packager.pipeline import PackageRequest, package
+    from packager.pipeline import PackageRequest
     from packager.triton_config import TritonOptions
 
     weights = "local" if args.weights_path else (args.weights or "auto")
-    request = PackageRequest(
+    return PackageRequest(
         model=ModelRequest(
             name=args.model, weights=weights, weights_path=args.weights_path,
             image_size=args.image_size, seq_len=args.seq_len, seed=args.seed,
@@ -104,19 +143,6 @@ def run(args: argparse.Namespace) -> int:
         triton_release=args.triton_release,
         with_tokenizer=args.with_tokenizer,
     )
-    reporter = Reporter(quiet=args.quiet)
-    artifacts = package(request, reporter)
-    for artifact in artifacts:
-        m = artifact.manifest
-        size = artifact.tarball.stat().st_size / 1e6
-        reporter.info(
-            f"  {m.format:<15} -> {artifact.directory}  (max |diff| {m.validation.max_abs_diff:.2e}, "
-            f"{m.tarball} {size:.1f} MB, weights: {m.weights})"
-        )
-    if args.json:
-        json.dump([a.manifest.to_dict() | {"directory": str(a.directory)} for a in artifacts], sys.stdout, indent=2)
-        print()
-    return 0
 
 
 def _list(args: argparse.Namespace) -> int:

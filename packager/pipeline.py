@@ -58,6 +58,19 @@ class PackagedArtifact:
         return self.directory / self.manifest.tarball
 
 
+def request_fingerprint(request: PackageRequest) -> str:
+    """sha256 of everything that shapes the artifacts of ``request`` (all but where they go) and
+    of this toolkit's version: ``mme package --catalogue`` skips an entry whose manifests carry it."""
+    import dataclasses
+    import hashlib
+    import json
+
+    options = dataclasses.asdict(request)
+    options.pop("out")
+    document = json.dumps({"request": options, "mme-toolkit": __version__}, sort_keys=True, default=str)
+    return hashlib.sha256(document.encode()).hexdigest()
+
+
 def check_request(request: PackageRequest) -> None:
     request.triton.check()
     if request.export.opset < MIN_OPSET:
@@ -174,7 +187,8 @@ def _manifest(request, family, model, fmt, served, config, tarball, staging, val
     )
     spec = served.spec
     spec_names = {e.name: s.name for s, e in zip(spec.inputs + spec.outputs, exported.inputs + exported.outputs)}
-    details = dict(exported.details) | {"task": spec.task, "axes_max": spec.axes}
+    details = dict(exported.details) | {"task": spec.task, "axes_max": spec.axes,
+                                        "request_sha256": request_fingerprint(request)}
     if text:
         details |= text.details(triton_model_name(request.model.name))
     return Manifest(

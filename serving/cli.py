@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import threading
@@ -39,7 +40,13 @@ def register_serve(subparsers) -> None:
         "load on first request, evict least recently used models past the memory threshold. Any "
         "sagemaker-runtime client works with endpoint_url=http://HOST:PORT.",
     )
-    p.add_argument("--models", required=True, help="directory (e.g. artifacts/resnet50/cpu-local) or s3://bucket/prefix; "
+    p.add_argument("--catalogue", metavar="FILE",
+                   help="serve every model of a catalogue packaged by 'mme package --catalogue FILE' (multi-model; "
+                   "each entry's tarball, named <model>.tar.gz, as 'mme push --catalogue' uploads them)")
+    p.add_argument("--artifacts", default="artifacts", help="with --catalogue: where it was packaged (default: %(default)s)")
+    p.add_argument("--format", dest="catalogue_format", metavar="FORMAT",
+                   help="with --catalogue: the format served of each entry (default: the entry's first)")
+    p.add_argument("--models", help="directory (e.g. artifacts/resnet50/cpu-local) or s3://bucket/prefix; "
                    "with --mode single: the model's .tar.gz or its artifact directory")
     p.add_argument("--mode", choices=("multi", "single"), default="multi",
                    help="multi: a multi-model endpoint, requests name a TargetModel; single: a real-time endpoint "
@@ -103,14 +110,41 @@ def register_serve(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from serving.local_endpoint import LocalEndpoint, LocalEndpointOptions
     from serving.triton.sagemaker_serve import parse_env_assignments, sagemaker_settings_from_environ
 
     settings = {**sagemaker_settings_from_environ(os.environ), **parse_env_assignments(args.env)}
+    with contextlib.ExitStack() as stack:
+        models = _models_to_serve(args, stack)
+        return _serve(args, models, settings)
+
+
+def _models_to_serve(args: argparse.Namespace, stack: contextlib.ExitStack) -> str:
+    """--models, or a directory of the --catalogue's tarballs (removed when serve ends)."""
+    import tempfile
+    from pathlib import Path
+
+    from mme.errors import UsageError
+
+    if bool(args.models) == bool(args.catalogue):
+        raise UsageError("mme serve: give --models DIR_OR_S3 or --catalogue FILE (one of them)")
+    if not args.catalogue:
+        return args.models
+    if args.mode == "single":
+        raise UsageError("--catalogue serves many models: a multi-model endpoint (leave --mode single out)")
+    from packager.catalogue import catalogue_artifacts, fleet_directory
+
+    directories = catalogue_artifacts(Path(args.catalogue), Path(args.artifacts), args.catalogue_format)
+    fleet = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mme-fleet-", dir=args.artifacts)))
+    return str(fleet_directory(directories, fleet))
+
+
+def _serve(args: argparse.Namespace, models: str, settings: dict) -> int:
+    from pathlib import Path
+
+    from serving.local_endpoint import LocalEndpoint, LocalEndpointOptions
+
     options = LocalEndpointOptions(
-        models=args.models, host=args.host, port=args.port, memory_threshold=args.memory_threshold,
+        models=models, host=args.host, port=args.port, memory_threshold=args.memory_threshold,
         memory_limit_bytes=args.memory_limit, copies=args.copies, server_kind=args.server,
         cache_dir=Path(args.cache_dir) if args.cache_dir else None, s3_endpoint_url=args.s3_endpoint_url,
         memory=args.memory, endpoint_name=args.endpoint_name, variant_name=args.variant_name, account=args.account,
@@ -132,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
             reporter.info(f"    model: {endpoint.model.default_model} (SAGEMAKER_TRITON_DEFAULT_MODEL_NAME), loaded; "
                           "requests name no TargetModel")
         else:
-            reporter.info(f"==> local MME at {endpoint.url} (models from {args.models}; {endpoint.server.name} pid "
+            reporter.info(f"==> local MME at {endpoint.url} (models from {args.catalogue or models}; {endpoint.server.name} pid "
                           f"{endpoint.server.pid}; memory: {endpoint.meter.description})")
             reporter.info(f"    TargetModel: {targets_text(endpoint.targets) or 'none yet'}")
         reporter.info(f"    try it: {client_example(endpoint, options)}")
@@ -225,6 +259,24 @@ def register_capacity(subparsers) -> None:
     p.add_argument("--max-copies", type=positive_int, default=200, help="stop verifying after this many copies (default: %(default)s)")
     p.add_argument("--instances", help="TOML table of instance types to project onto (see serving/instances.toml)")
     p.add_argument("--out", default="results", help="where the JSON report goes (default: %(default)s)")
+    fleet = p.add_argument_group("a fleet of different models (--catalogue)")
+    fleet.add_argument("--catalogue", metavar="FILE",
+                       help="size a multi-model endpoint for every model of a catalogue packaged by 'mme package "
+                       "--catalogue FILE': measure one copy of each, then simulate the LRU cache on --mix for "
+                       "each instance (this host under --memory-limit, and the GPU instance types)")
+    fleet.add_argument("--mix", metavar="MIX", help="the traffic: zipf:S (with --rps; the catalogue's order is the "
+                       "popularity order) or a TOML file with [rates] (model = requests/s) or zipf = S and rps = R")
+    fleet.add_argument("--rps", type=positive_float, help="requests/s over the whole fleet, for a Zipf mix")
+    fleet.add_argument("--max-cold-share", type=float, default=0.01, metavar="F",
+                       help="the share of requests that may wait for a model load (default: %(default)g)")
+    fleet.add_argument("--sim-duration", type=positive_float, default=3600.0, metavar="S",
+                       help="seconds of traffic simulated per instance count (default: %(default)g)")
+    fleet.add_argument("--measurements", metavar="FILE",
+                       help="plan from a saved fleet-measurements.json instead of measuring again")
+    fleet.add_argument("--artifacts", default="artifacts", help="where the catalogue was packaged (default: %(default)s)")
+    fleet.add_argument("--format", dest="catalogue_format", metavar="FORMAT",
+                       help="the format measured of each entry (default: the entry's first)")
+    fleet.add_argument("--seed", type=int, default=0, help="seed of the simulated traffic (default: %(default)s)")
     remote = p.add_argument_group("deployed endpoint (--endpoint)")
     remote.add_argument("--endpoint", help="name of a deployed multi-model endpoint (or 'local' with --endpoint-url)")
     remote.add_argument("--endpoint-url", help="SageMaker runtime URL, e.g. http://127.0.0.1:8080 for 'mme serve'")
@@ -279,6 +331,17 @@ def run_capacity(args: argparse.Namespace) -> int:
     from serving.capacity import CONCURRENCY, format_table, measure_capacity, write_report
     from serving.instances import load_instances
 
+    if args.catalogue:
+        from mme.errors import UsageError
+        from serving.fleet import run_fleet_capacity
+
+        if args.artifact or args.remote_artifact or args.endpoint:
+            raise UsageError("--catalogue sizes a fleet from its own artifacts: leave ARTIFACT and --endpoint out")
+        return run_fleet_capacity(args)
+    if args.mix or args.measurements:
+        from mme.errors import UsageError
+
+        raise UsageError("--mix and --measurements go with --catalogue FILE (a fleet of models)")
     _check_capacity_args(args)
     reporter = Reporter(quiet=args.quiet)
     instances = load_instances(Path(args.instances)) if args.instances else None

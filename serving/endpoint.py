@@ -59,6 +59,7 @@ from serving.container import (
 from serving.container_port import Container, TritonContainer
 from serving.forward import InvocationTimedOut
 from serving.instance_metrics import InstanceSampler
+from serving.memory import process_tree_memory
 from serving.metrics import EndpointMetrics
 from serving.recovery import DEAD_UNLOAD_TIMEOUT_S, DEAD_WORKER_MARKERS, Recovery, dead_worker_reply  # noqa: F401
 from serving.store import InvalidTargetName, validate_target_name
@@ -82,6 +83,11 @@ class EndpointConfig:
     invocation_timeout_s: float = SAGEMAKER_TIMEOUT_S
     allow_unsigned: bool = False
     load_timeout_s: float = LOAD_TIMEOUT_S  # a load not finished by then fails its requests
+    # Memory is the RSS of the server's process tree: a model with worker processes of its own
+    # (python-backend stubs) whose load overlapped others is charged their RSS, not the tree's
+    # growth over its load (which counts the other loads too and, kept as an upper bound, made the
+    # endpoint keep room for several models' worth: under churn only two tiny models stayed loaded).
+    footprint_from_workers: bool = False
 
 
 class LoadFailed(Exception):
@@ -323,6 +329,10 @@ class MultiModelEndpoint:
             footprint = max(0, self.memory_probe() - before)
             overlapped = overlapped or self._admission.unloads_done != unloads_before
             workers = await asyncio.to_thread(self._recovery.worker_processes, target)
+            if overlapped and workers and self.config.footprint_from_workers:
+                own = process_tree_memory(p.pid for p in workers).rss_bytes
+                if own > 0:
+                    footprint, overlapped = own, False
             self._loaded[target] = LoadedEntry(target, cached, footprint, load_s, footprint_shared=overlapped,
                                                workers=workers)
             self._admission.record_footprint(target, footprint, overlapped)

@@ -241,6 +241,7 @@ class LocalEndpoint:
             account=o.account, endpoint_name=o.endpoint_name, variant_name=o.variant_name,
             model_wait_timeout_s=o.model_wait_timeout_s, invocation_timeout_s=o.invocation_timeout_s,
             allow_unsigned=o.allow_unsigned, load_timeout_s=o.load_timeout_s,
+            footprint_from_workers=self.meter.kind == "host",
         )
         if self.model is not None:
             self.endpoint = RealTimeEndpoint(self.server, config, self.memory_used, self.model, self.reporter,

@@ -93,7 +93,14 @@ def _print_plan(lines: list[str], dry_run: bool, nothing: str) -> bool:
 
 def register_push(subparsers: Any) -> None:
     p = _command(subparsers, "push", run_push)
-    p.add_argument("artifact", help="artifacts/<model>/<format> made by 'mme package'")
+    p.add_argument("artifact", nargs="?", help="artifacts/<model>/<format> made by 'mme package'")
+    p.add_argument("--catalogue", type=Path, metavar="FILE",
+                   help="push every model of a catalogue packaged by 'mme package --catalogue FILE' to the one --s3 "
+                   "prefix (a fleet's multi-model endpoint); each entry's --format artifact")
+    p.add_argument("--format", dest="push_format", metavar="FORMAT",
+                   help="with --catalogue: the format to push of each entry (default: the entry's first format)")
+    p.add_argument("--out", type=Path, default=Path("artifacts"),
+                   help="with --catalogue: where it was packaged (default: %(default)s)")
     p.add_argument("--s3", required=True, metavar="URI", help="destination prefix, s3://bucket/prefix")
     p.add_argument("--copies", type=int, default=0, metavar="N", help="also make <name>-v1..vN.tar.gz (default: 0)")
     p.add_argument("--dry-run", action="store_true", help="print what would be uploaded, copied and skipped; write nothing")
@@ -109,20 +116,45 @@ def register_push(subparsers: Any) -> None:
 
 
 def run_push(args: argparse.Namespace) -> int:
-    from mme.aws.s3 import TransferSettings
-    from serving.deploy.s3push import PushRequest, push
     from mme.aws.session import S3Uri, connect
+    from mme.errors import MmeError, UsageError
+    from serving.deploy.s3push import push
 
+    if bool(args.artifact) == bool(args.catalogue):
+        raise UsageError("mme push: give an ARTIFACT directory or --catalogue FILE (one of them)")
+    if args.push_format and not args.catalogue:
+        raise UsageError("--format picks a format of each catalogue entry; it goes with --catalogue")
     destination = S3Uri.parse(args.s3)
-    request = PushRequest(
-        artifact=Path(args.artifact), destination=destination, copies=args.copies,
+    from packager.catalogue import catalogue_artifacts
+
+    artifacts = catalogue_artifacts(args.catalogue, args.out, args.push_format) if args.catalogue else [Path(args.artifact)]
+    aws = connect(args.region, need_region=False)
+    s3 = aws.client("s3", args.s3_endpoint_url)
+    reporter = Reporter(quiet=args.quiet)
+    failed = []
+    for artifact in artifacts:
+        try:
+            push(s3, _push_request(args, artifact, destination), reporter)
+        except MmeError as exc:
+            if not args.catalogue:
+                raise
+            failed.append(artifact)
+            reporter.warn(f"{artifact}: not pushed: {exc}")
+    if args.catalogue:
+        print(f"catalogue: {len(artifacts) - len(failed)} of {len(artifacts)} artifacts pushed to {destination}")
+    return min(len(failed), 100)
+
+
+def _push_request(args: argparse.Namespace, artifact: Path, destination):
+    from mme.aws.s3 import TransferSettings
+    from serving.deploy.s3push import PushRequest
+
+    return PushRequest(
+        artifact=artifact, destination=destination, copies=args.copies,
         allow_random_weights=args.allow_random_weights, dry_run=args.dry_run,
         instance_type=args.instance_type, image_uri=args.image_uri,
         settings=TransferSettings(args.multipart_threshold, args.multipart_chunksize, args.max_concurrency),
     )
-    aws = connect(args.region, need_region=False)
-    push(aws.client("s3", args.s3_endpoint_url), request, Reporter(quiet=args.quiet))
-    return 0
 
 
 # --- deploy ----------------------------------------------------------------------------------

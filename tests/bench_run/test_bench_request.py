@@ -78,3 +78,26 @@ def test_in_process_baseline_runs_the_artifacts_model_on_its_sample(test_resnet_
     result = measure_in_process(directory, 0.5, Reporter(quiet=True))
     assert result.requests >= 1 and result.requests_per_s > 0 and result.p95_ms >= result.p50_ms > 0
     assert result.pipeline == "model" and result.runtime.startswith("onnxruntime ")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"mix": "zipf:1.1"}, "--mix needs --catalogue FILE"),
+    ({"catalogue": "fleet.toml"}, "--catalogue goes with --mix"),
+    ({"mix": "zipf:1.1", "catalogue": "fleet.toml", "copies": 3}, "leave --copies out"),
+    ({"mix": "zipf:1.1", "catalogue": "fleet.toml", "mode": "single"}, "leave --mode single out"),
+])
+def test_a_mix_refuses_what_does_not_go_with_it(change: dict, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        build_config(BenchRequest(endpoint="e", endpoint_url="http://127.0.0.1:9", **change), "", Path())
+
+
+def test_a_mixs_weights_pick_targets_in_proportion() -> None:
+    from bench.targets import Distribution, TargetPicker
+
+    picker = TargetPicker(("a", "b", "c"), Distribution("uniform"), seed=3, weights=(6.0, 3.0, 1.0))
+    picks = [picker.pick() for _ in range(20_000)]
+    shares = [picks.count(name) / len(picks) for name in ("a", "b", "c")]
+    assert shares == pytest.approx([0.6, 0.3, 0.1], abs=0.015)
+    assert picker.probabilities() == pytest.approx((0.6, 0.3, 0.1))
+    with pytest.raises(UsageError, match="one weight per target"):
+        TargetPicker(("a", "b"), Distribution("uniform"), weights=(1.0,))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -60,3 +61,30 @@ def test_demo_realtime_end_to_end(tmp_path, capsys):
     assert at60 >= at70 >= 1  # more headroom, more instances
     assert f"{baseline['requests_per_s']:.2f} requests/s" in text and "of it" in text
     assert f"open {run_dir / 'report.html'}" in out
+
+
+def test_demo_fleet_puts_the_predicted_hit_ratio_next_to_the_measured_one(tmp_path, capsys):
+    """A catalogue packaged with two jobs, measured, its run predicted, served under a limit that
+    holds part of it, the mix sent open loop, and the report's per-model table."""
+    code = main(["demo-fleet", "--models", "test_resnet,test_vit,test_convnext", "--memory-limit", "330M",
+                 "--rps", "3", "--duration", "25", "--out", str(tmp_path / "artifacts"),
+                 "--results", str(tmp_path / "results")])
+    out = capsys.readouterr().out
+    assert code == 0
+    run_dir = next((tmp_path / "results").glob("demo-fleet-*-run"))
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["extra"]["mix"]["targets"] == ["test_resnet.tar.gz", "test_vit.tar.gz", "test_convnext.tar.gz"]
+    plan = json.loads((run_dir / "fleet-plan.json").read_text())
+    predicted = {m["target"]: m["hit_ratio"] for m in plan["plans"][0]["simulation"]["models"]}
+    rows = {row["target"]: row for row in csv.DictReader((run_dir / "per_model.csv").open())}
+    assert set(rows) == set(predicted)
+    assert sum(int(r["requests"]) for r in rows.values()) > 30
+    assert int(rows["test_resnet.tar.gz"]["requests"]) > int(rows["test_convnext.tar.gz"]["requests"])  # Zipf
+    for target, row in rows.items():
+        assert row["hit_ratio"] != "" and 0.0 <= float(row["hit_ratio"]) <= 1.0
+        assert float(row["predicted_hit_ratio"]) == round(predicted[target], 4)
+    text = (run_dir / "report.md").read_text()
+    assert "### Per model" in text and "predicted hit ratio" in text
+    assert "overall: measured" in out and "predicted" in out
+    summary = json.loads((tmp_path / "artifacts" / "catalogue-summary.json").read_text())
+    assert summary["jobs"] == 2 and summary["counts"]["packaged"] == 3
