@@ -284,17 +284,17 @@ def run_fleet_capacity(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if args.measurements:
         measurement = FleetMeasurement.load(Path(args.measurements))
+        rates = parse_mix(args.mix, args.rps, [(m.model, m.target) for m in measurement.models])
     else:
         from packager.catalogue import catalogue_artifacts
+        from packager.manifest import Manifest
 
         artifacts = catalogue_artifacts(Path(args.catalogue), Path(args.artifacts), args.catalogue_format)
-        rates_check = args.mix  # parsed after measuring (needs the names), checked for shape now
-        if not rates_check.startswith("zipf:") and not Path(rates_check).is_file():
-            raise UsageError(f"--mix {rates_check}: no such file; give zipf:S with --rps R, or a TOML file with [rates]")
+        manifests = [Manifest.load(a) for a in artifacts]
+        rates = parse_mix(args.mix, args.rps, [(m.model, m.tarball) for m in manifests])  # before the long part
         reporter.info(f"==> measuring {len(artifacts)} models one copy each (as mme capacity does)")
         measurement = measure_fleet(artifacts, reporter, server_kind=args.server, memory=args.memory,
                                     concurrency=args.concurrency or CONCURRENCY, binary=args.binary)
-    rates = parse_mix(args.mix, args.rps, [(m.model, m.target) for m in measurement.models])
     out = ensure_writable_dir(out)
     if not args.measurements:
         write_json_atomic(out / MEASUREMENTS, measurement.to_dict())
