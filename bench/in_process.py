@@ -86,8 +86,7 @@ def model_call(directory: Path) -> tuple[Callable[[dict[str, np.ndarray]], Any],
     runtime = f"onnxruntime {ort.__version__}, {threads or 'all'} intra-op threads"
     if not text:
         return (lambda arrays: session.run(None, arrays)), runtime, "model"
-    tokenizer_dir = directory / step_names(manifest.model)[0] / "1"
-    tokenizer = _tokenizer(tokenizer_dir, manifest.details.values.get("tokenizer") or {})
+    tokenizer = _tokenizer(directory / step_names(manifest.model)[0])
 
     def call(arrays: dict[str, np.ndarray]) -> Any:
         texts = [v.decode("utf-8") for v in arrays["TEXT"][:, 0]]
@@ -97,18 +96,18 @@ def model_call(directory: Path) -> tuple[Callable[[dict[str, np.ndarray]], Any],
     return call, runtime, "packaged tokenizer + encoder"
 
 
-def _tokenizer(version_dir: Path, settings: dict) -> Any:
-    """The artifact's own tokenizer (its model.py), with the settings the manifest records."""
+def _tokenizer(model_dir: Path) -> Any:
+    """The artifact's own tokenizer (its model.py), set up from its config.pbtxt as Triton sets it up."""
+    from packager.triton_config import read_config
+
+    version_dir = model_dir / "1"
     spec = importlib.util.spec_from_file_location("mme_packaged_tokenizer", version_dir / "model.py")
     if spec is None or spec.loader is None:
         raise UsageError(f"{version_dir / 'model.py'} cannot be loaded; package the model again")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    special = settings.get("special_tokens") or {}
-    return module.WordPieceTokenizer.from_file(
-        str(version_dir / "vocab.txt"), max_length=int(settings["max_length"]), lowercase=bool(settings["lowercase"]),
-        strip_accents=settings.get("strip_accents"), unk_token=special.get("unk", "[UNK]"),
-        cls_token=special.get("cls", "[CLS]"), sep_token=special.get("sep", "[SEP]"), pad_token=special.get("pad", "[PAD]"))
+    params = {key: value.string_value for key, value in read_config(model_dir / "config.pbtxt").parameters.items()}
+    return module.WordPieceTokenizer.from_parameters(str(version_dir), params)
 
 
 def measure_in_process(directory: Path, seconds: float, reporter: Reporter) -> InProcessResult:

@@ -71,6 +71,21 @@ class WordPieceTokenizer:
             vocab.pop()
         return cls(vocab, **settings)
 
+    @classmethod
+    def from_parameters(cls, version_dir, params):
+        """As config.pbtxt's ``parameters`` (string values) set it up, vocab.txt in ``version_dir``."""
+        strip = params.get("strip_accents", "")
+        return cls.from_file(
+            os.path.join(version_dir, params.get("vocab_file", "vocab.txt")),
+            max_length=int(params["max_length"]),
+            lowercase=params.get("lowercase", "true") == "true",
+            strip_accents=None if strip == "" else strip == "true",
+            unk_token=params.get("unk_token", "[UNK]"),
+            cls_token=params.get("cls_token", "[CLS]"),
+            sep_token=params.get("sep_token", "[SEP]"),
+            pad_token=params.get("pad_token", "[PAD]"),
+        )
+
     def normalize(self, text):
         chars = []
         for char in text:
@@ -151,18 +166,8 @@ class TritonPythonModel:
 
         config = json.loads(args["model_config"])
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
-        path = os.path.join(args["model_repository"], args["model_version"], params.get("vocab_file", "vocab.txt"))
-        strip = params.get("strip_accents", "")
-        self.tokenizer = WordPieceTokenizer.from_file(
-            path,
-            max_length=int(params["max_length"]),
-            lowercase=params.get("lowercase", "true") == "true",
-            strip_accents=None if strip == "" else strip == "true",
-            unk_token=params.get("unk_token", "[UNK]"),
-            cls_token=params.get("cls_token", "[CLS]"),
-            sep_token=params.get("sep_token", "[SEP]"),
-            pad_token=params.get("pad_token", "[PAD]"),
-        )
+        version_dir = os.path.join(args["model_repository"], args["model_version"])
+        self.tokenizer = WordPieceTokenizer.from_parameters(version_dir, params)
         self.input_name = config["input"][0]["name"]
         self.ids_name, self.mask_name = (o["name"] for o in config["output"])
         self.pb_utils = pb_utils
