@@ -119,6 +119,7 @@ MATRIX_PY = $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 TRITON_RELEASE ?= $(shell $(MATRIX_PY) -m mme.versions --get name)
 IMAGE_TAG ?= $(TRITON_RELEASE)
 BUILDER_IMAGE ?= mme-builder:$(IMAGE_TAG)
+BUILDER_JOB_IMAGE ?= mme-builder:$(IMAGE_TAG)-sagemaker
 SERVING_IMAGE ?= mme-serving:$(IMAGE_TAG)
 BENCH_IMAGE ?= mme-bench:$(IMAGE_TAG)
 DOCKER_FORMATS ?= torchscript,onnx,cpu-local,tensorrt,torch-tensorrt
@@ -132,12 +133,15 @@ BENCH_CMD ?= bench
 BENCH_ARGS ?= --help
 docker_build_args = $(shell $(MATRIX_PY) -m mme.versions --build-args --image $(1) --release $(TRITON_RELEASE))
 
-.PHONY: docker-build docker-build-builder docker-build-serving docker-build-bench docker-package docker-serve docker-bench gpu-check gpu-check-wheels
+.PHONY: docker-build docker-build-builder docker-build-serving docker-build-bench docker-build-job docker-package docker-serve docker-bench gpu-check gpu-check-wheels
 
 docker-build: docker-build-builder docker-build-serving docker-build-bench ## build the builder, serving and bench images (TRITON_RELEASE: mme/versions.toml default)
 
 docker-build-builder:
 	$(DOCKER) build -f docker/builder/Dockerfile -t $(BUILDER_IMAGE) $(call docker_build_args,builder) .
+
+docker-build-job: docker-build-builder ## the builder for SageMaker training jobs (mme package --catalogue --on sagemaker): runs as root, as SageMaker mounts /opt/ml for
+	$(DOCKER) build -f docker/builder/job.Dockerfile --build-arg BUILDER_IMAGE=$(BUILDER_IMAGE) -t $(BUILDER_JOB_IMAGE) .
 
 docker-build-serving:
 	$(DOCKER) build -f docker/serving/Dockerfile -t $(SERVING_IMAGE) $(call docker_build_args,serving) .

@@ -262,12 +262,13 @@ class EntryResult:
     error: str = ""
     log: str = ""
     formats: list[dict[str, Any]] = field(default_factory=list)
+    job: str = ""  # the SageMaker training job that packaged it (--on sagemaker)
 
     def to_dict(self) -> dict[str, Any]:
         return {"index": self.entry.index, "name": self.entry.name, "status": self.status,
                 "options": dict(self.entry.options), "seconds": round(self.seconds, 2),
                 "peak_rss_mib": round(self.peak_rss_mib, 1), "error": self.error, "log": self.log,
-                "formats": self.formats}
+                "formats": self.formats, "job": self.job}
 
 
 def format_rows(request, out: Path) -> list[dict[str, Any]]:
@@ -291,19 +292,21 @@ def format_rows(request, out: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def write_summary(out: Path, catalogue: Catalogue, results: list[EntryResult], jobs: int, wall_s: float) -> list[Path]:
+def write_summary(out: Path, catalogue: Catalogue, results: list[EntryResult], jobs: int, wall_s: float,
+                  where: str = "local") -> list[Path]:
     counts = {s: sum(r.status == s for r in results) for s in ("packaged", "up to date", "failed")}
     document = {"schema_version": SUMMARY_SCHEMA_VERSION, "catalogue": str(catalogue.path), "out": str(out),
-                "jobs": jobs, "wall_s": round(wall_s, 2), "counts": counts, "entries": [r.to_dict() for r in results]}
+                "jobs": jobs, "where": where, "wall_s": round(wall_s, 2), "counts": counts,
+                "entries": [r.to_dict() for r in results]}
     json_path = out / f"{SUMMARY_NAME}.json"
     write_json_atomic(json_path, document)
     header = ["index", "name", "status", "format", "tarball_mb", "max_abs_diff", *[f"{s}_s" for s in STAGES],
-              "entry_seconds", "peak_rss_mib", "options", "error"]
+              "entry_seconds", "peak_rss_mib", "options", "error", "job"]
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(header)
     md = [f"# Catalogue {catalogue.path.name}: {counts['packaged']} packaged, {counts['up to date']} up to date, "
-          f"{counts['failed']} failed", "", f"{len(results)} entries, --jobs {jobs}, {wall_s:.1f} s wall.", "",
+          f"{counts['failed']} failed", "", f"{len(results)} entries, --jobs {jobs}, on {where}, {wall_s:.1f} s wall.", "",
           "| # | model | status | format | tarball MB | max abs diff | " + " | ".join(f"{s} s" for s in STAGES)
           + " | entry s | peak RSS MiB | options |", "|" + " --- |" * (10 + len(STAGES))]
     for r in results:
@@ -312,9 +315,10 @@ def write_summary(out: Path, catalogue: Catalogue, results: list[EntryResult], j
             stages = [row["stages_s"].get(s, "") for s in STAGES]
             writer.writerow([r.entry.index, r.entry.name, r.status, row["format"], row["tarball_mb"],
                              row["max_abs_diff"], *stages, round(r.seconds, 2), round(r.peak_rss_mib, 1), options,
-                             r.error])
+                             r.error, r.job])
             diff = "" if row["max_abs_diff"] is None else f"{row['max_abs_diff']:.2e}"
-            cells = [str(r.entry.index), r.entry.name, r.status + (f": {r.error}" if r.error else ""), row["format"],
+            status = r.status + (f" (job {r.job})" if r.job else "") + (f": {r.error}" if r.error else "")
+            cells = [str(r.entry.index), r.entry.name, status, row["format"],
                      "" if row["tarball_mb"] is None else f"{row['tarball_mb']:.1f}", diff,
                      *[str(v) for v in stages], f"{r.seconds:.1f}", f"{r.peak_rss_mib:.0f}", options]
             md.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
@@ -364,31 +368,29 @@ def _last_error(log_path: Path) -> str:
     return tail[-1][:300] if tail else "exited without a message"
 
 
-def _refusal(request) -> str:
-    """Why ``mme package`` would refuse the entry before loading its model ('' when it would not)."""
+def _refusal(request, build_here: bool = True) -> str:
+    """Why ``mme package`` would refuse the entry before loading its model ('' when it would not);
+    ``build_here=False``: on another host (a SageMaker job), whatever this one has."""
     from mme.errors import MmeError
     from packager.pipeline import check_request
     from packager.registry import resolve
 
     try:
-        check_request(request)
+        check_request(request, build_here=build_here)
         resolve(request.model.name, request.family, request.model.weights_path)
     except MmeError as exc:
         return str(exc)
     return ""
 
 
-def run_catalogue(args: argparse.Namespace) -> int:
-    import psutil
-
-    reporter = Reporter(quiet=args.quiet)
-    catalogue = load_catalogue(args.catalogue)
-    requests = [entry_request(e, args.out) for e in catalogue.entries]  # the file is wrong: nothing runs
-    out = ensure_writable_dir(args.out)
+def triage(catalogue: Catalogue, requests: list, out: Path, reporter: Reporter,
+           build_here: bool = True) -> tuple[list[EntryResult], list[int]]:
+    """Each entry's result so far (refused entries failed, current ones up to date) and the
+    indices (0-based) of the entries to package."""
     results = [EntryResult(e) for e in catalogue.entries]
     pending: list[int] = []
     for i, (result, request) in enumerate(zip(results, requests)):
-        refused = _refusal(request)
+        refused = _refusal(request, build_here)
         current, _ = (False, "") if refused else up_to_date(request, out)
         if refused:  # an unknown model, a GPU format on a host without one...: that entry fails, the others run
             result.status, result.error = "failed", refused
@@ -398,21 +400,61 @@ def run_catalogue(args: argparse.Namespace) -> int:
             result.formats = format_rows(request, out)
         else:
             pending.append(i)
+    return results, pending
+
+
+def run_catalogue(args: argparse.Namespace) -> int:
+    reporter = Reporter(quiet=args.quiet)
+    catalogue = load_catalogue(args.catalogue)
+    requests = [entry_request(e, args.out) for e in catalogue.entries]  # the file is wrong: nothing runs
+    remote = None
+    if args.on == "sagemaker":
+        from packager.remote.catalogue_jobs import jobs_request_from_args
+
+        remote = jobs_request_from_args(args)  # its options are checked before anything is written
+    out = args.out if remote is not None and remote.dry_run else ensure_writable_dir(args.out)
+    results, pending = triage(catalogue, requests, out, reporter, build_here=remote is None)
     total = len(results)
+    where = f"SageMaker training jobs on {remote.instance_type}" if remote else f"--jobs {args.jobs}"
     reporter.info(f"==> catalogue {catalogue.path}: {total} entries, {sum(r.status == 'up to date' for r in results)} "
-                  f"up to date, {len(pending)} to package with --jobs {args.jobs} into {out}")
+                  f"up to date, {len(pending)} to package with {where} into {out}")
+    start = time.perf_counter()
+    if remote is not None:
+        from packager.remote.catalogue_jobs import package_on_sagemaker
+
+        if not package_on_sagemaker(remote, catalogue, requests, results, out, reporter):
+            return 0  # a dry run: the plan was printed, nothing written
+    else:
+        _package_here(args.jobs, requests, results, pending, out, reporter)
+    wall = time.perf_counter() - start
+    paths = write_summary(out, catalogue, results, args.jobs, wall,
+                          where=f"sagemaker:{remote.instance_type}" if remote else "local")
+    failed = sum(r.status == "failed" for r in results)
+    print(f"catalogue: {sum(r.status == 'packaged' for r in results)} packaged, "
+          f"{sum(r.status == 'up to date' for r in results)} up to date, {failed} failed in {wall:.1f} s")
+    for path in paths:
+        print(f"written {path}")
+    return min(failed, MAX_EXIT_CODE)
+
+
+def _package_here(jobs: int, requests: list, results: list[EntryResult], pending: list[int], out: Path,
+                  reporter: Reporter) -> None:
+    """Package the ``pending`` entries on this host, ``jobs`` processes at once."""
+    import psutil
+
+    total = len(results)
     logs = out / LOGS_DIR
     if pending:
         logs.mkdir(parents=True, exist_ok=True)
     running: list[_Job] = []
     largest_peak = 0
     done = total - len(pending)
-    start = time.perf_counter()
+    pending = list(pending)
     try:
         while pending or running:
             free = psutil.virtual_memory().available
             need = max(MIN_FREE_BYTES, int(largest_peak * 1.2))
-            while pending and len(running) < args.jobs and (not running or free >= need):
+            while pending and len(running) < jobs and (not running or free >= need):
                 result = results[pending.pop(0)]
                 log_path = logs / f"{result.entry.slug}.log"
                 log = open(log_path, "wb")
@@ -453,14 +495,6 @@ def run_catalogue(args: argparse.Namespace) -> int:
             job.process.wait()
             job.log.close()
         raise
-    wall = time.perf_counter() - start
-    paths = write_summary(out, catalogue, results, args.jobs, wall)
-    failed = sum(r.status == "failed" for r in results)
-    print(f"catalogue: {sum(r.status == 'packaged' for r in results)} packaged, "
-          f"{sum(r.status == 'up to date' for r in results)} up to date, {failed} failed in {wall:.1f} s")
-    for path in paths:
-        print(f"written {path}")
-    return min(failed, MAX_EXIT_CODE)
 
 
 def catalogue_artifacts(path: Path, out: Path, fmt: str | None) -> list[Path]:

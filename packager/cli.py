@@ -14,6 +14,13 @@ from mme.progress import Reporter
 if TYPE_CHECKING:
     from packager.pipeline import PackageRequest
 
+# the options that only mean something with --on sagemaker: (argparse dest, option)
+SAGEMAKER_OPTIONS = (("instance_type", "--instance-type"), ("s3", "--s3"), ("role", "--role"), ("image_uri", "--image-uri"),
+                     ("region", "--region"), ("s3_endpoint_url", "--s3-endpoint-url"), ("shard_size", "--shard-size"),
+                     ("parallel_jobs", "--parallel-jobs"), ("max_runtime", "--max-runtime"), ("volume_gb", "--volume-gb"),
+                     ("timeout", "--timeout"), ("poll_interval", "--poll-interval"), ("state_dir", "--state-dir"),
+                     ("retry", "--retry"), ("dry_run", "--dry-run"))
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -76,6 +83,29 @@ def register(subparsers) -> None:
     fleet.add_argument("--jobs", type=positive_int, default=1, metavar="N",
                        help="with --catalogue: entries packaged at once, each in its own process; a job starts only "
                        "while the memory it will need is free (default: %(default)s)")
+    fleet.add_argument("--on", choices=("local", "sagemaker"), default="local",
+                       help="with --catalogue: package here (local, the default) or in SageMaker training jobs on the "
+                       "GPU instance type you will serve on (sagemaker: TensorRT engines built where they run; the "
+                       "artifacts are downloaded into --out)")
+    jobs = p.add_argument_group("SageMaker jobs (--catalogue FILE --on sagemaker)")
+    jobs.add_argument("--instance-type", help="GPU instance type the jobs run on: the one you will serve on, e.g. ml.g5.2xlarge")
+    jobs.add_argument("--s3", metavar="URI", help="working prefix for each job's inputs and output, s3://bucket/prefix")
+    jobs.add_argument("--role", metavar="ARN", help="SageMaker execution role of the jobs")
+    jobs.add_argument("--image-uri", help="the builder image in ECR (make docker-build, then docker push), e.g. "
+                      "<account>.dkr.ecr.<region>.amazonaws.com/mme-builder:25.09")
+    jobs.add_argument("--region", help="AWS region (default: AWS_REGION / the profile's region)")
+    jobs.add_argument("--s3-endpoint-url", metavar="URL", help="S3-compatible endpoint for the s3:// URIs")
+    jobs.add_argument("--shard-size", type=positive_int, metavar="N", help="catalogue entries per training job (default: 1)")
+    jobs.add_argument("--parallel-jobs", type=positive_int, metavar="N",
+                      help="training jobs running at once; one the instance quota refuses waits (default: 4)")
+    jobs.add_argument("--max-runtime", type=positive_int, metavar="S", help="each job's MaxRuntimeInSeconds (default: 14400)")
+    jobs.add_argument("--volume-gb", type=positive_int, help="each job's disk (default: 50)")
+    jobs.add_argument("--timeout", type=positive_float, metavar="S",
+                      help="stop waiting after S seconds; the jobs keep running (default: 21600)")
+    jobs.add_argument("--poll-interval", type=positive_float, metavar="S", help="seconds between status checks (default: 30)")
+    jobs.add_argument("--state-dir", type=Path, help="where the jobs' state files go (default: .mme/package-jobs)")
+    jobs.add_argument("--retry", action="store_true", help="start new jobs for shards whose job failed or left entries unpackaged")
+    jobs.add_argument("--dry-run", action="store_true", help="print the jobs and their requests; upload and start nothing")
     p.set_defaults(func=run)
 
 
@@ -91,6 +121,10 @@ def run(args: argparse.Namespace) -> int:
 
     from packager.pipeline import package
 
+    if args.on == "sagemaker" and not args.catalogue:
+        raise UsageError("--on sagemaker packages a --catalogue FILE (one model's TensorRT plan: mme compile --on sagemaker)")
+    if args.on == "local":
+        check_local_only(args)
     if args.catalogue:
         from packager.catalogue import run_catalogue
 
@@ -109,6 +143,15 @@ def run(args: argparse.Namespace) -> int:
         json.dump([a.manifest.to_dict() | {"directory": str(a.directory)} for a in artifacts], sys.stdout, indent=2)
         print()
     return 0
+
+
+def check_local_only(args: argparse.Namespace) -> None:
+    """Refuse the SageMaker options without ``--on sagemaker`` (they would be ignored)."""
+    from mme.errors import UsageError
+
+    given = [option for dest, option in SAGEMAKER_OPTIONS if getattr(args, dest, None) not in (None, False)]
+    if given:
+        raise UsageError(f"{given[0]} goes with --catalogue FILE --on sagemaker (packaging in SageMaker training jobs)")
 
 
 def request_from_args(args: argparse.Namespace) -> "PackageRequest":

@@ -71,7 +71,9 @@ def request_fingerprint(request: PackageRequest) -> str:
     return hashlib.sha256(document.encode()).hexdigest()
 
 
-def check_request(request: PackageRequest) -> None:
+def check_request(request: PackageRequest, *, build_here: bool = True) -> None:
+    """Refuse a request that cannot be packaged, before any work; ``build_here=False`` checks it
+    for another host (a SageMaker job): everything but this host's GPU and local weights."""
     request.triton.check()
     if request.export.opset < MIN_OPSET:
         raise UsageError(f"--opset {request.export.opset} is too old; Triton's ONNX Runtime path needs {MIN_OPSET} or newer")
@@ -86,7 +88,10 @@ def check_request(request: PackageRequest) -> None:
         raise UsageError("--hardware-compatible applies to the TensorRT formats (tensorrt, torch-tensorrt); add one to --formats")
     release = triton_release(request.triton_release)
     for name in request.formats:
-        FORMATS[name].check_available(release)
+        if build_here:
+            FORMATS[name].check_available(release)
+        else:
+            FORMATS[name].check_release(release)
 
 
 def package(request: PackageRequest, reporter: Reporter) -> list[PackagedArtifact]:

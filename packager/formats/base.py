@@ -73,6 +73,11 @@ class ModelFormat:
     def check_available(self, release: Release) -> None:
         """Raise GpuRequiredError (or MmeError) before any work if this format cannot be built
         here for ``release``."""
+        self.check_release(release)
+
+    def check_release(self, release: Release) -> None:
+        """Raise MmeError if ``release`` cannot serve this format, wherever it is built (what
+        ``mme package --catalogue --on sagemaker`` checks before the GPU host is there)."""
         return None
 
     def export(self, ctx: ExportContext) -> ExportedModel:

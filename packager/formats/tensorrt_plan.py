@@ -126,6 +126,9 @@ class TensorRTPlanFormat(GpuFormat):
 
     def check_available(self, release: Release) -> None:
         require_gpu(self.name, ("tensorrt",))
+        self.check_release(release)
+
+    def check_release(self, release: Release) -> None:
         check_release_tensorrt(release)
 
     def export(self, ctx: ExportContext) -> ExportedModel:

@@ -67,6 +67,9 @@ class TorchTensorRTFormat(GpuFormat):
 
     def check_available(self, release: Release) -> None:
         require_gpu(self.name, ("tensorrt", "torch_tensorrt"))
+        self.check_release(release)
+
+    def check_release(self, release: Release) -> None:
         check_release_stack(release)
 
     def export(self, ctx: ExportContext) -> ExportedModel:

@@ -64,7 +64,7 @@ class JobOutput:
 # --- inputs ------------------------------------------------------------------------------
 
 
-def _put_bytes(s3: Any, uri: str, data: bytes) -> None:
+def put_bytes(s3: Any, uri: str, data: bytes) -> None:
     target = S3Uri.parse(uri.rsplit("/", 1)[0])
     key = target.key(uri.rsplit("/", 1)[1])
     sha = hashlib.sha256(data).hexdigest()
@@ -95,8 +95,8 @@ def upload_inputs(s3: Any, plan: CompilePlan, artifact: OnnxArtifact, settings: 
             reporter.info(f"  uploading {onnx} -> {plan.input_uri}{ONNX_FILE}")
             upload_file(s3, onnx, model_uri.bucket, key, {SHA_KEY: sha}, settings, reporter)
             verify(s3, model_uri.bucket, key, sha, size)
-    _put_bytes(s3, plan.code_uri + ENTRY_SCRIPT.name, ENTRY_SCRIPT.read_bytes())
-    _put_bytes(s3, plan.code_uri + BUILD_CONFIG, (json.dumps(plan.build_config, indent=2) + "\n").encode())
+    put_bytes(s3, plan.code_uri + ENTRY_SCRIPT.name, ENTRY_SCRIPT.read_bytes())
+    put_bytes(s3, plan.code_uri + BUILD_CONFIG, (json.dumps(plan.build_config, indent=2) + "\n").encode())
 
 
 # --- the job -------------------------------------------------------------------------------

@@ -185,6 +185,24 @@ def test_hadolint_passes(image):
     assert done.returncode == 0 and not done.stdout.strip(), done.stdout + done.stderr
 
 
+def test_the_sagemaker_job_image_is_the_builder_as_root_and_passes_hadolint():
+    """SageMaker mounts /opt/ml for root in a training container: the job image is the builder
+    (whatever ENTRYPOINT it has is replaced by the job's ContainerEntrypoint) as root."""
+    from tests.docker.conftest import parse_dockerfile
+
+    df = parse_dockerfile(DOCKER_DIR / "builder" / "job.Dockerfile")
+    (stage,) = df.stages
+    from mme.versions import release
+
+    assert df.resolve(stage.base) == f"mme-builder:{release().name}", "the default release's builder"
+    assert stage.last("USER").args == "0"
+    binary = hadolint()
+    if binary is not None:
+        done = subprocess.run([binary, "--no-color", str(DOCKER_DIR / "builder" / "job.Dockerfile")],
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0 and not done.stdout.strip(), done.stdout + done.stderr
+
+
 def _guard(image: str, marker: str) -> str:
     """The shell command of the RUN step holding ``marker``, up to the next `&& ` step."""
     run = next(i.args for s in dockerfile(image).stages for i in s.all("RUN") if marker in i.args)

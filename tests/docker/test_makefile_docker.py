@@ -16,7 +16,7 @@ from tests.docker.conftest import (
     parse_mme,
 )
 
-TARGETS = ("docker-build", "docker-package", "docker-serve", "docker-bench")
+TARGETS = ("docker-build", "docker-build-job", "docker-package", "docker-serve", "docker-bench")
 MAKEFILE = (REPO / "Makefile").read_text()
 
 
@@ -51,6 +51,15 @@ def test_docker_build_builds_every_image_with_the_matrix_build_args(release_name
         assert build_arg_values(argv) == versions.build_args(image, rel.name)
         assert option_value(argv, "-t") == f"mme-{image}:{rel.name}"
         assert argv[-1] == "."  # the repository is the context (.dockerignore applies)
+
+
+def test_docker_build_job_builds_the_builder_then_its_sagemaker_job_image():
+    rel = versions.release()
+    builds = docker_commands(make_dry_run("docker-build-job"), "build")
+    assert [option_value(argv, "-f") for argv in builds] == ["docker/builder/Dockerfile", "docker/builder/job.Dockerfile"]
+    job = builds[1]
+    assert option_value(job, "--build-arg") == f"BUILDER_IMAGE=mme-builder:{rel.name}"
+    assert option_value(job, "-t") == f"mme-builder:{rel.name}-sagemaker" and job[-1] == "."
 
 
 def test_docker_package_runs_the_users_mme_package_in_the_builder_on_the_gpu():
