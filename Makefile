@@ -13,7 +13,7 @@ ARGS ?=
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-gpu package serve capacity bench report demo demo-realtime demo-fleet test lint test-gpu bench-package bench-client-cost bench-front bench-cold-start bench-churn bench-crash bench-thrash bench-bomb clean lock
+.PHONY: help install install-gpu package serve capacity bench report demo demo-realtime demo-fleet test lint test-gpu bench-package bench-client-cost bench-front bench-cold-start bench-churn bench-crash bench-thrash bench-bomb bench-fleet-instances clean lock
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -98,6 +98,9 @@ bench-thrash: $(STAMP) ## requests/s when 6 copies of MODEL share a memory limit
 
 bench-bomb: $(STAMP) ## peak disk written while a gzip bomb under the size cap is refused
 	$(BIN)/python tests/benchmarks/bench_bomb.py
+
+bench-fleet-instances: $(STAMP) ## the demo fleet on 1, 2, 3 local instances: predicted vs measured hit ratio and instance count
+	$(BIN)/python tests/benchmarks/bench_fleet_instances.py $(ARGS)
 
 lock: ## regenerate constraints.txt from a fresh resolve of pyproject.toml
 	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock

@@ -60,6 +60,10 @@ def register_serve(subparsers) -> None:
     p.add_argument("--memory-limit", type=byte_size, help="memory the models may use, e.g. 4G (default: GPU memory, or host RAM)")
     p.add_argument("--copies", type=int, default=0, metavar="N",
                    help="also answer for <name>-v1..vN.tar.gz from <name>.tar.gz (no duplicate files)")
+    p.add_argument("--instances", type=positive_int, default=1, metavar="N",
+                   help="run the endpoint on N instances, each a local MME with its own Triton and --memory-limit, "
+                   "behind a router that sends a model's requests to an instance holding it, else to a random one "
+                   "(as SageMaker routes an MME with N instances) (default: %(default)s)")
     add_triton_network(p)
     p.add_argument("--server", choices=KINDS, default="auto",
                    help="Triton under Docker with a GPU, the tritonserver of this image (system), "
@@ -155,11 +159,11 @@ def _serve(args: argparse.Namespace, models: str, settings: dict) -> int:
         mode=args.mode,
     )
     reporter = Reporter(quiet=args.quiet)
+    if args.instances > 1:
+        return _serve_fleet(args, options, models, reporter)
     endpoint = LocalEndpoint(options, reporter)
-    stop = threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
-        endpoint.start_in_thread()
+
+    def banner() -> None:
         if endpoint.model is not None:
             reporter.info(f"==> local real-time endpoint at {endpoint.url} ({endpoint.model.tarball}; "
                           f"{endpoint.server.name} pid {endpoint.server.pid}; memory: {endpoint.meter.description})")
@@ -175,6 +179,17 @@ def _serve(args: argparse.Namespace, models: str, settings: dict) -> int:
         if settings:
             reporter.info(f"    Triton started as SageMaker's image starts it, with {', '.join(sorted(settings))}")
         reporter.info(f"    metrics: {endpoint.url}/metrics (Prometheus), {endpoint.url}/metrics.json; Ctrl-C stops")
+
+    return _run_until_stopped(endpoint, banner, reporter)
+
+
+def _run_until_stopped(server, banner, reporter: Reporter) -> int:
+    """Start ``server`` (a LocalEndpoint or LocalFleet), print ``banner()``, serve until Ctrl-C or SIGTERM."""
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        server.start_in_thread()
+        banner()
         stop.wait()
     except KeyboardInterrupt:
         reporter.info("==> stopping")
@@ -184,11 +199,33 @@ def _serve(args: argparse.Namespace, models: str, settings: dict) -> int:
         previous_int = signal.signal(signal.SIGINT, lambda *_: reporter.warn("still stopping; one moment"))
         signal.signal(signal.SIGTERM, lambda *_: None)
         try:
-            endpoint.stop()
+            server.stop()
         finally:
             signal.signal(signal.SIGINT, previous_int)
             signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def _serve_fleet(args: argparse.Namespace, options, models: str, reporter: Reporter) -> int:
+    """``--instances N``: N local MMEs behind the router (serving/fleet_router.py)."""
+    from serving.fleet_router import LocalFleet
+
+    fleet = LocalFleet(options, args.instances, reporter)
+
+    def banner() -> None:
+        limit = options.memory_limit_bytes
+        each = f"each with {limit / 2**20:.0f} MiB" if limit else "each with the whole memory"
+        reporter.info(f"==> local MME at {fleet.url} on {args.instances} instances (models from "
+                      f"{args.catalogue or models}; {each})")
+        for index, member in enumerate(fleet.members):
+            reporter.info(f"    instance {index}: {member.url} ({member.server.name} pid {member.server.pid}; "
+                          f"memory: {member.meter.description})")
+        reporter.info(f"    TargetModel: {targets_text(fleet.targets) or 'none yet'}")
+        reporter.info(f"    try it: {client_example(fleet, options)}")
+        reporter.info(f"    metrics: {fleet.url}/metrics.json (all instances), {fleet.url}/models; the reply header "
+                      "X-Mme-Instance says which instance answered; Ctrl-C stops")
+
+    return _run_until_stopped(fleet, banner, reporter)
 
 
 MAX_TARGETS_SHOWN = 6
