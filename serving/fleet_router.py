@@ -31,7 +31,7 @@ from mme.errors import UsageError
 from mme.progress import Reporter
 from serving import errors_sagemaker as sm
 from serving.front import TARGET_HEADER
-from serving.local_endpoint import LocalEndpoint, LocalEndpointOptions, new_event_loop
+from serving.local_endpoint import LocalEndpoint, LocalEndpointOptions, start_loop_thread, stop_loop_thread
 
 POLL_S = 0.25
 INSTANCE_HEADER = "X-Mme-Instance"  # ours: the index of the instance that answered
@@ -257,25 +257,7 @@ class LocalFleet:
         try:
             for member in self.members:
                 started.append(member.start_in_thread())
-            self._loop = loop = new_event_loop()
-            ready, failure = threading.Event(), []
-
-            def run() -> None:
-                asyncio.set_event_loop(loop)
-                try:
-                    loop.run_until_complete(self._start_async())
-                except BaseException as exc:  # reported to the starting thread below
-                    failure.append(exc)
-                    ready.set()
-                    return
-                ready.set()
-                loop.run_forever()
-
-            self._thread = threading.Thread(target=run, name="mme-fleet-router", daemon=True)
-            self._thread.start()
-            ready.wait()
-            if failure:
-                raise failure[0]
+            self._loop, self._thread = start_loop_thread(self._start_async, "mme-fleet-router")
         except BaseException:
             for member in started:
                 member.stop()
@@ -284,10 +266,7 @@ class LocalFleet:
 
     def stop(self) -> None:
         try:
-            if self._loop is not None and self._thread is not None and self._thread.is_alive():
-                asyncio.run_coroutine_threadsafe(self._stop_async(), self._loop).result()
-                self._loop.call_soon_threadsafe(self._loop.stop)
-                self._thread.join(timeout=10)
+            stop_loop_thread(self._loop, self._thread, self._stop_async)
         finally:
             for member in self.members:
                 member.stop()

@@ -11,7 +11,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Callable, Coroutine, Mapping
 
 from aiohttp import web
 
@@ -138,6 +138,41 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     import uvloop
 
     return uvloop.new_event_loop()
+
+
+def start_loop_thread(start: Callable[[], Coroutine[Any, Any, None]], name: str) -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
+    """A daemon thread running a new event loop: ``start()`` runs to completion first (its
+    exception is raised here, in the starting thread), then the loop runs until it is stopped."""
+    loop = new_event_loop()
+    ready = threading.Event()
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(start())
+        except BaseException as exc:  # reported to the starting thread below
+            failure.append(exc)
+            ready.set()
+            return
+        ready.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    ready.wait()
+    if failure:
+        raise failure[0]
+    return loop, thread
+
+
+def stop_loop_thread(loop: asyncio.AbstractEventLoop | None, thread: threading.Thread | None,
+                     stop: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run ``stop()`` on a loop started by :func:`start_loop_thread`, then end the loop and its thread."""
+    if loop is not None and thread is not None and thread.is_alive():
+        asyncio.run_coroutine_threadsafe(stop(), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
 
 
 class LocalEndpoint:
@@ -278,27 +313,11 @@ class LocalEndpoint:
                                "that was killed (pids " + ", ".join(map(str, self.server.swept)) + ")")
         for notice in self.server.notices:
             self.reporter.warn(notice)
-        self._loop = loop = new_event_loop()
-        ready = threading.Event()
-        failure: list[BaseException] = []
-
-        def run() -> None:
-            asyncio.set_event_loop(loop)
-            try:
-                loop.run_until_complete(self._start_async())
-            except BaseException as exc:  # reported to the starting thread below
-                failure.append(exc)
-                ready.set()
-                return
-            ready.set()
-            loop.run_forever()
-
-        self._thread = threading.Thread(target=run, name="mme-endpoint", daemon=True)
-        self._thread.start()
-        ready.wait()
-        if failure:
+        try:
+            self._loop, self._thread = start_loop_thread(self._start_async, "mme-endpoint")
+        except BaseException:
             self.server.stop()
-            raise failure[0]
+            raise
         return self
 
     def call(self, coro):
@@ -307,10 +326,7 @@ class LocalEndpoint:
 
     def stop(self) -> None:
         try:
-            if self._loop is not None and self._thread is not None and self._thread.is_alive():
-                self.call(self._stop_async())
-                self._loop.call_soon_threadsafe(self._loop.stop)
-                self._thread.join(timeout=10)
+            stop_loop_thread(self._loop, self._thread, self._stop_async)
         finally:
             # Nothing is in flight any more (the front drained); a load still running would hold
             # Triton's exit for the whole grace period, so then it gets none.

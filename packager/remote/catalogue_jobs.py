@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from mme.aws.errors import AwsError, CompileFailed, Interrupted, WaitTimeout
-from mme.aws.session import S3Uri, aws_errors, error_code, error_message, explain, is_not_found, s3_fail
+from mme.aws.session import S3Uri, aws_errors, error_code, error_message, explain, s3_fail
 from mme.aws.state import SCHEMA_VERSION, StateDir, now_iso
 from mme.errors import UsageError
 from mme.fsutil import replace_directory
@@ -38,7 +38,7 @@ from packager.remote.catalogue_entry import JOB_INFO
 from packager.remote.catalogue_plan import (
     JOB_CONFIG, RETRYABLE, SHARD_FILE, JobsPlan, JobsRequest, ShardPlan, check_entries, check_jobs_request, plan_jobs,
 )
-from packager.remote.job import put_bytes
+from packager.remote.job import find_job, put_bytes
 from packager.cli import SAGEMAKER_OPTIONS
 
 QUOTA_CODES = ("ResourceLimitExceeded",)
@@ -95,15 +95,6 @@ class _JobsState:
 
 
 # --- one shard's job -----------------------------------------------------------------------
-
-
-def _describe(sm: Any, name: str) -> dict | None:
-    try:
-        return sm.describe_training_job(TrainingJobName=name)
-    except aws_errors() as exc:
-        if is_not_found(exc):
-            return None
-        raise AwsError(explain(exc, "describe", f"training job {name}", "sagemaker:DescribeTrainingJob")) from None
 
 
 def upload_inputs(s3: Any, shard: ShardPlan) -> None:
@@ -257,7 +248,7 @@ def run_jobs(plan: JobsPlan, request: JobsRequest, catalogue: Catalogue, request
                         " (re-run with --retry to start a new job)"
                 reporter.warn(f"{shard.job_name} ended {record['status']}: re-run with --retry to start a new job")
                 continue
-            job = _describe(sm, shard.job_name)
+            job = find_job(sm, shard.job_name)
             if job is None:
                 queued.append(shard)
             elif job.get("TrainingJobStatus") == "Completed":
@@ -285,7 +276,7 @@ def run_jobs(plan: JobsPlan, request: JobsRequest, catalogue: Catalogue, request
                                   f"running: run the same command again to follow them (state in {plan.state_path})")
             sleep(request.poll_interval_s)
             for name, shard in list(running.items()):
-                job = _describe(sm, name) or {}
+                job = find_job(sm, name) or {}
                 status, secondary = job.get("TrainingJobStatus"), job.get("SecondaryStatus")
                 if seen.get(name) != (status, secondary):
                     reporter.info(f"  training job {name}: {status} / {secondary}")

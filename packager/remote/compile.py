@@ -25,13 +25,13 @@ from typing import Any, Callable
 
 from mme.aws.errors import AwsError, CompileFailed, Interrupted
 from mme.aws.s3 import TransferSettings
-from mme.aws.session import aws_errors, explain, is_not_found
+from mme.aws.session import aws_errors, explain
 from mme.aws.state import SCHEMA_VERSION, StateDir, now_iso
 from mme.progress import Reporter
 from mme.versions import release as triton_release, same_tensorrt
 from packager.remote.artifact import write_tensorrt_artifact
 from packager.remote.job import (
-    download_job_output, upload_inputs,
+    download_job_output, find_job, upload_inputs,
     wait_for_job,
 )
 from packager.remote.plan import (
@@ -82,15 +82,6 @@ class _CompileState:
         self.store.write(self.plan.job_base, self.data)
 
 
-def _existing_job(sm: Any, name: str) -> dict | None:
-    try:
-        return sm.describe_training_job(TrainingJobName=name)
-    except aws_errors() as exc:
-        if is_not_found(exc):
-            return None
-        raise AwsError(explain(exc, "describe", f"training job {name}", "sagemaker:DescribeTrainingJob")) from None
-
-
 def run_compile(plan: CompilePlan, artifact: OnnxArtifact, sm: Any, s3: Any, store: StateDir, reporter: Reporter, *,
                 timeout_s: float = 5400.0, poll_s: float = 30.0, settings: TransferSettings = TransferSettings(),
                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> Path:
@@ -98,7 +89,7 @@ def run_compile(plan: CompilePlan, artifact: OnnxArtifact, sm: Any, s3: Any, sto
     state.load()
     reporter.info(f"==> compiling {artifact.model} to TensorRT on {plan.instance_type} (job {plan.job_name}); state in {plan.state_path}")
     try:
-        existing = _existing_job(sm, plan.job_name)
+        existing = find_job(sm, plan.job_name)
         if existing is not None and existing.get("TrainingJobStatus") in ("Failed", "Stopped"):
             raise CompileFailed(
                 f"training job {plan.job_name} {existing['TrainingJobStatus']}: {existing.get('FailureReason', 'no reason given')}; "

@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping
 
 from mme.aws.errors import AwsError, CompileFailed, WaitTimeout
 from mme.aws.s3 import SHA_KEY, TransferSettings, head, matches, upload_file, verify
-from mme.aws.session import S3Uri, aws_errors, explain, s3_fail
+from mme.aws.session import S3Uri, aws_errors, explain, is_not_found, s3_fail
 from mme.fsutil import sha256_of
 from mme.polling import poll_until
 from mme.progress import Reporter
@@ -100,6 +100,16 @@ def upload_inputs(s3: Any, plan: CompilePlan, artifact: OnnxArtifact, settings: 
 
 
 # --- the job -------------------------------------------------------------------------------
+
+
+def find_job(sm: Any, name: str) -> dict | None:
+    """The training job's description, or None when there is no job of that name."""
+    try:
+        return sm.describe_training_job(TrainingJobName=name)
+    except aws_errors() as exc:
+        if is_not_found(exc):
+            return None
+        raise AwsError(explain(exc, "describe", f"training job {name}", "sagemaker:DescribeTrainingJob")) from None
 
 
 def describe_job(sm: Any, name: str) -> dict:
