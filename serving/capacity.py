@@ -18,7 +18,7 @@ import statistics
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -97,6 +97,7 @@ class CapacityReport:
     overhead_bytes: int = 0  # requests in flight from overhead_concurrency callers: the endpoint's, counted once
     overhead_concurrency: int | None = None
     overhead_body: str | None = None  # "json" | "binary": the request body they sent
+    unload_seconds: float | None = None  # the first copy's unload until its memory is free (measure_unload)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -242,7 +243,7 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
                      instances: dict[str, dict] | None = None, reporter: Reporter | None = None,
                      cache_dir: Path | None = None, server_kind: str = "local", memory: str = "auto",
                      triton_network: str | None = None, at_rest: bool = False,
-                     concurrency: int = CONCURRENCY, binary: bool = False) -> CapacityReport:
+                     concurrency: int = CONCURRENCY, binary: bool = False, measure_unload: bool = False) -> CapacityReport:
     """``server_kind`` as ``mme serve --server`` takes it, ``triton_network`` as its ``--triton-network``
     (None: ``$MME_TRITON_NETWORK``, else private); ``memory``: what is counted, "gpu"
     (NVML, the whole device), "host" (RSS of the server's process tree) or "auto" (the GPU
@@ -396,13 +397,40 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
                 reporter.info(f"  actual: {readings.fitted()} copies fit (predicted {predicted})")
             leak = (_leak_check(control, cache, server, tarball, len(readings.steps), cycles, used, reporter)
                     if cycles else None)
+            unload_s = _time_unload(control, meter, first_name, first.delta_bytes) if measure_unload else None
         finally:
             for client in (control, *burst_clients):
                 client.close()
             server.stop()
-    return build_report(readings, probes, verified=verify, leak_check=leak, instances=instances, at_rest=at_rest,
-                        warmup_batch=max_batch, warmup_concurrency=BURST_CLIENTS, overhead_concurrency=concurrency,
-                        overhead_body=body_kind)
+    report = build_report(readings, probes, verified=verify, leak_check=leak, instances=instances, at_rest=at_rest,
+                          warmup_batch=max_batch, warmup_concurrency=BURST_CLIENTS, overhead_concurrency=concurrency,
+                          overhead_body=body_kind)
+    return replace(report, unload_seconds=unload_s)
+
+
+UNLOAD_POLL_S = 0.05
+UNLOAD_WAIT_S = 10.0
+
+
+def _time_unload(control, meter, target: str, footprint: int) -> float:
+    """Seconds from asking the container to unload ``target`` until half its footprint is back:
+    how long an eviction holds memory a load waits for (the unload call itself may return later,
+    or sooner, than the memory)."""
+    from serving.cache_entries import cache_key
+
+    before = meter.used()
+    started = time.perf_counter()
+    with ThreadPoolExecutor(1) as pool:
+        call = pool.submit(control.unload, cache_key(target), target=target)
+        while time.perf_counter() - started < UNLOAD_WAIT_S:
+            if meter.used() <= before - footprint / 2:
+                freed = time.perf_counter() - started
+                break
+            time.sleep(UNLOAD_POLL_S)
+        else:
+            freed = time.perf_counter() - started
+        call.result()
+    return round(freed, 3)
 
 
 def _leak_check(control, cache, server, tarball, loaded, cycles, used, reporter) -> dict:

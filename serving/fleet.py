@@ -45,6 +45,7 @@ class ModelFootprint:
     rest_bytes: int
     loaded_bytes: int
     load_seconds: float
+    unload_seconds: float = 0.0  # measurements written before it was measured read 0
 
 
 @dataclass(frozen=True)
@@ -86,16 +87,16 @@ def measure_fleet(artifacts: list[Path], reporter: Reporter, *, server_kind: str
         reporter.info(f"  [{index}/{len(artifacts)}] {manifest.model} ({manifest.format})")
         report = measure_capacity(artifact, threshold=0.9, limit_bytes=None, probe_copies=1, verify=False,
                                   max_copies=1, reporter=Reporter(quiet=True), server_kind=server_kind, memory=memory,
-                                  concurrency=concurrency, binary=binary)
+                                  concurrency=concurrency, binary=binary, measure_unload=True)
         step = report.steps[0]
         footprints.append(ModelFootprint(manifest.model, manifest.tarball, manifest.format, str(artifact),
                                          int(step.rest_delta_bytes or step.delta_bytes), int(step.delta_bytes),
-                                         round(step.load_seconds, 3)))
+                                         round(step.load_seconds, 3), report.unload_seconds or 0.0))
         baselines.append(report.baseline_bytes)
         overheads.append(report.overhead_bytes)
         kinds.add(report.memory_kind)
         reporter.info(f"      {step.delta_bytes / MIB:.0f} MiB loaded ({(step.rest_delta_bytes or 0) / MIB:.0f} at rest), "
-                      f"load {step.load_seconds:.2f} s")
+                      f"load {step.load_seconds:.2f} s, unload {report.unload_seconds or 0:.2f} s")
     return FleetMeasurement(" / ".join(sorted(kinds)), int(statistics.median(baselines)), max(overheads),
                             tuple(footprints))
 
@@ -215,14 +216,14 @@ def write_plan(out: Path, measurement: FleetMeasurement, rates: dict[str, float]
     write_bytes_atomic(paths[1], plan_markdown(measurement, rates, rows, settings).encode())
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    writer.writerow(["instance", "instances", "target", "rate_rps", "loaded_mib", "load_s", "predicted_hit_ratio",
+    writer.writerow(["instance", "instances", "target", "rate_rps", "loaded_mib", "load_s", "unload_s", "predicted_hit_ratio",
                      "predicted_waited_share", "fits"])
     for row in rows:
         for outcome in row.result.models.values():
             m = measurement.footprint(outcome.target)
             share = outcome.waited / outcome.requests if outcome.requests else None
             writer.writerow([row.instance, row.result.instances, outcome.target, round(rates.get(outcome.target, 0.0), 4),
-                             round(m.loaded_bytes / MIB, 1), m.load_seconds, outcome.hit_ratio, share, outcome.fits])
+                             round(m.loaded_bytes / MIB, 1), m.load_seconds, m.unload_seconds, outcome.hit_ratio, share, outcome.fits])
     write_bytes_atomic(paths[2], buffer.getvalue().encode())
     write_bytes_atomic(paths[3], plan_chart(rows))
     return paths
@@ -258,13 +259,13 @@ def plan_markdown(measurement: FleetMeasurement, rates: dict[str, float], rows: 
     out += ["", "![predicted hit ratio by instances](fleet-plan.png)", "", "## Per model", ""]
     for row in rows:
         out += [f"### {row.instance}: {row.result.instances} instance(s)", "",
-                "| model | requests/s | loaded MiB | load s | predicted hit ratio | waiting for a load |",
-                "| --- | --- | --- | --- | --- | --- |"]
+                "| model | requests/s | loaded MiB | load s | unload s | predicted hit ratio | waiting for a load |",
+                "| --- | --- | --- | --- | --- | --- | --- |"]
         for outcome in row.result.models.values():
             m = measurement.footprint(outcome.target)
             share = outcome.waited / outcome.requests if outcome.requests else None
             out.append(f"| {m.model} | {rates.get(outcome.target, 0.0):.3f} | {m.loaded_bytes / MIB:.0f} | "
-                       f"{m.load_seconds:.2f} | {_pct(outcome.hit_ratio)} | {_pct(share)} |")
+                       f"{m.load_seconds:.2f} | {m.unload_seconds:.2f} | {_pct(outcome.hit_ratio)} | {_pct(share)} |")
         out.append("")
     if "host" in measurement.memory_kind:
         out.append("Footprints were measured as host memory (CPU formats); the GPU instance types' rows reuse them "
@@ -320,7 +321,7 @@ def sim_models(measurement: FleetMeasurement, rates: dict[str, float], use_rest:
     """The simulated models: each at rest when it loads, then at its loaded size once it serves
     (``use_rest``: at rest throughout)."""
     return [SimModel(m.target, m.rest_bytes if use_rest else m.loaded_bytes, m.load_seconds, rates.get(m.target, 0.0),
-                     rest_bytes=m.rest_bytes) for m in measurement.models]
+                     rest_bytes=m.rest_bytes, unload_seconds=m.unload_seconds) for m in measurement.models]
 
 
 def predict_run(measurement: FleetMeasurement, rates: dict[str, float], memory_bytes: int, threshold: float,

@@ -9,7 +9,10 @@ at rest when it loads and grows to its serving size once it serves (``SimModel.r
 ``bytes``). Room is made as ``mme serve`` makes it (``admission="largest"``, the default): before
 a load, for the largest at-rest footprint the instance has loaded so far (a load's own size is
 known only once it is in), counting the models already there at their serving size; ``"exact"``
-makes room for the model's own serving size (an optimistic bound). A request is a hit when
+makes room for the model's own serving size (an optimistic bound). An evicted model holds its
+memory until its unload gives it back (``SimModel.unload_seconds``, measured by ``mme capacity``
+as the time from the unload call until half the model's memory is free), and a load that needs
+that memory starts only then, as the endpoint's admission waits for it. A request is a hit when
 its model is there and loaded; otherwise it waits for a load (its own, or one in progress).
 Requests arrive as independent Poisson streams at each model's rate. Everything is seeded: the
 same inputs give the same figures.
@@ -32,6 +35,7 @@ class SimModel:
     load_seconds: float
     rate: float  # requests/s
     rest_bytes: int | None = None  # right after its load, before requests (None: as ``bytes``)
+    unload_seconds: float = 0.0  # an eviction holds the model's memory this long
 
     @property
     def at_rest(self) -> int:
@@ -90,22 +94,33 @@ class SimResult:
 class _Instance:
     def __init__(self, budget: int) -> None:
         self.budget = budget
-        self.used = 0
+        self.used = 0  # loaded, loading and still unloading
         self.largest = 0  # the largest at-rest footprint loaded here so far
         self.cache: OrderedDict[str, float] = OrderedDict()  # target -> time its load completes
+        self.unloading: list[tuple[float, int]] = []  # (when an evicted model's memory is free, its bytes)
 
-    def make_room(self, size: int, now: float, sizes: Mapping[str, int]) -> int:
-        """Evict least recently used models (not one still loading) until ``size`` fits; the count."""
+    def make_room(self, size: int, now: float, sizes: Mapping[str, int], unload_s: Mapping[str, float]) -> tuple[int, float]:
+        """Evict least recently used models (not one still loading) until ``size`` fits once their
+        unloads end: (the count, when the load can start). The memory of the unloads it waits for
+        is handed to the load (freed now, the load starting when they end)."""
+        self.used -= sum(b for end, b in self.unloading if end <= now)
+        self.unloading = [(end, b) for end, b in self.unloading if end > now]
         evicted = 0
         for target in list(self.cache):
-            if self.used + size <= self.budget:
+            if self.used - sum(b for _, b in self.unloading) + size <= self.budget:
                 break
             if self.cache[target] > now:
                 continue  # a load in progress is not evicted
             del self.cache[target]
-            self.used -= sizes[target]
+            self.unloading.append((now + unload_s.get(target, 0.0), sizes[target]))
             evicted += 1
-        return evicted
+        start = now
+        self.unloading.sort()
+        while self.unloading and self.used + size > self.budget:
+            end, freed = self.unloading.pop(0)
+            self.used -= freed
+            start = max(start, end)
+        return evicted, start
 
 
 def simulate(models: list[SimModel], instances: int, budget_bytes: int, duration_s: float, warmup_s: float = 0.0,
@@ -116,6 +131,7 @@ def simulate(models: list[SimModel], instances: int, budget_bytes: int, duration
         raise ValueError("instances must be 1 or more")
     rng = random.Random(seed)
     sizes = {m.target: m.bytes for m in models}
+    unload_s = {m.target: m.unload_seconds for m in models}
     result = SimResult(instances, budget_bytes, duration_s, warmup_s,
                        {m.target: ModelOutcome(m.target, fits=m.bytes <= budget_bytes) for m in models})
     fleet = [_Instance(budget_bytes) for _ in range(instances)]
@@ -149,19 +165,19 @@ def simulate(models: list[SimModel], instances: int, budget_bytes: int, duration
             continue
         instance = rng.choice(fleet)
         room = max(model.at_rest, instance.largest) if admission == "largest" else model.bytes
-        evicted = instance.make_room(min(room, instance.budget), now, sizes)
+        evicted, start = instance.make_room(min(room, instance.budget), now, sizes, unload_s)
         if instance.used + min(room, model.bytes) > instance.budget:  # everything else is still loading
             if counted:
                 outcome.waited += 1
             continue
         result.evictions += evicted if counted else 0
-        instance.cache[model.target] = now + model.load_seconds
+        instance.cache[model.target] = start + model.load_seconds  # after the unloads it waits for
         instance.used += model.bytes
         instance.largest = max(instance.largest, model.at_rest)
         if counted:
             outcome.loads += 1
             outcome.waited += 1
-            outcome.wait_seconds += model.load_seconds
+            outcome.wait_seconds += start + model.load_seconds - now
     return result
 
 

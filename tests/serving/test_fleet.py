@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -116,7 +117,7 @@ def test_fleet_capacity_measures_each_packaged_model_on_the_real_triton(tmp_path
     saved = FleetMeasurement.load(tmp_path / "plan" / "fleet-measurements.json")
     assert [m.target for m in saved.models] == ["test_resnet.tar.gz", "test_vit.tar.gz"]
     for model in saved.models:
-        assert 10 * MIB < model.loaded_bytes < 1024 * MIB and model.load_seconds > 0
+        assert 10 * MIB < model.loaded_bytes < 1024 * MIB and model.load_seconds > 0 and model.unload_seconds > 0
     assert saved.baseline_bytes > 0
     plan = json.loads((tmp_path / "plan" / "fleet-plan.json").read_text())
     assert plan["plans"][0]["instance"] == "this host (1024 MiB)"
@@ -142,3 +143,28 @@ def test_fleet_options_refuse_what_does_not_go_together(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_an_evicted_model_holds_its_memory_until_its_unload_ends_and_the_load_waits_for_it():
+    # two models, room for one: every switch evicts the other; its unload delays the next load
+    def run(unload_s: float):
+        fleet = [SimModel(name, 100 * MIB, 1.0, 1.0, unload_seconds=unload_s) for name in ("a.tar.gz", "b.tar.gz")]
+        return simulate(fleet, instances=1, budget_bytes=150 * MIB, duration_s=600, seed=4)
+
+    quick, slow = run(0.0), run(2.0)
+    assert quick.evictions > 100 and slow.evictions > 50
+    waits = [sum(m.wait_seconds for m in r.models.values()) / sum(m.waited for m in r.models.values()) for r in (quick, slow)]
+    assert waits[0] <= 1.0 + 1e-9 and waits[1] > 1.8 * waits[0], waits  # each load waits for a 2 s unload first
+    assert (slow.hit_ratio or 0) < (quick.hit_ratio or 0)
+
+
+def test_measurements_without_unload_seconds_still_read(tmp_path):
+    old = {"schema_version": 1, "memory_kind": "host", "baseline_bytes": 1, "overhead_bytes": 0,
+           "models": [{"model": "m", "target": "m.tar.gz", "format": "onnx", "artifact": "a", "rest_bytes": 5,
+                       "loaded_bytes": 6, "load_seconds": 1.5}]}
+    (tmp_path / "m.json").write_text(json.dumps(old))
+    loaded = FleetMeasurement.load(tmp_path / "m.json")
+    assert loaded.models[0].unload_seconds == 0.0
+    new = FleetMeasurement(loaded.memory_kind, 1, 0, (replace(loaded.models[0], unload_seconds=2.01),))
+    (tmp_path / "n.json").write_text(json.dumps(new.to_dict()))
+    assert FleetMeasurement.load(tmp_path / "n.json").models[0].unload_seconds == 2.01
