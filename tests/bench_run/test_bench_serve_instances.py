@@ -14,12 +14,13 @@ def test_bench_through_a_two_instance_endpoint(test_resnet_cpu_local, tmp_path):
     with served_in_background(artifact_dir, tmp_path, "--instances", "2", "--copies", "4") as (url, banner):
         assert "on 2 instances" in banner and "instance 0: http://127.0.0.1:" in banner and "instance 1:" in banner
         completed = run_bench("--endpoint", "local", "--endpoint-url", url, "--artifact", str(artifact_dir),
-                              "--copies", "4", "--shape", "constant", "--users", "2", "--duration", "4",
+                              "--copies", "4", "--shape", "constant", "--users", "2", "--duration", "4", "--warmup",
                               "--out", str(tmp_path / "results"))
         run = saved_run(completed)
         assert run.requests and all(r.ok for r in run.requests), completed.stderr
-        assert {r.target for r in run.requests} == {f"test_resnet-v{i}.tar.gz" for i in range(1, 5)}
-        assert sum(r.cold for r in run.requests) >= 4  # each copy's first request (and any sent during its load)
+        assert run.info.extra["warmup"]["targets"] == 4 and run.info.extra["warmup"]["failed"] == 0
+        assert {r.target for r in run.requests} <= {f"test_resnet-v{i}.tar.gz" for i in range(1, 5)}
+        assert not any(r.cold for r in run.requests), "each request went to the instance the warm-up loaded it on"
         models = requests.get(f"{url}/models", timeout=10).json()["models"]
         assert len(models) == 4 and {m["instance"] for m in models} <= {0, 1}
         last = run.metrics[-1]["snapshot"]
