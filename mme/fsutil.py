@@ -142,9 +142,22 @@ def deterministic_tar_gz_dirs(dirs: Sequence[tuple[Path, str]], dest: Path, comp
                     tar.add(entry, arcname=name, recursive=False, filter=_normalise)
 
 
+def gzip_backend(compressor: str = "isal") -> str:
+    """The compressor ``compressor`` really gets here: ``isal`` where python-isal imports, else
+    ``zlib``. ISA-L is an accelerator, not a requirement: a host without it (a bare GPU host the
+    GPU check runs on) writes the same gzip format through the standard library, only slower
+    (and, compressed by another library, with other bytes than an ISA-L host's)."""
+    if compressor == "isal":
+        try:
+            import isal.igzip  # noqa: F401
+        except ImportError:
+            return "zlib"
+    return compressor
+
+
 def _gzip_writer(raw: Any, compresslevel: int, compressor: str) -> Any:
     """A gzip stream with no file name and mtime 0 (so identical input gives identical bytes)."""
-    if compressor == "isal":
+    if gzip_backend(compressor) == "isal":
         from isal import igzip
 
         return igzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=min(compresslevel, 3))

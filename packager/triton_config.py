@@ -1,5 +1,5 @@
 """config.pbtxt built, written and read through Triton's own protobuf schema
-(``model_config_pb2`` from tritonclient + ``text_format``), never from string templates.
+(:mod:`packager.model_config`) and ``text_format``, never from string templates.
 This module is the one door for config.pbtxt I/O: :func:`to_text` / :func:`write_config`
 out, :func:`parse_config` / :func:`read_config` in (a bad file is a :class:`ModelConfigError`).
 
@@ -12,14 +12,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from google.protobuf import text_format
 from google.protobuf.message import DecodeError
-from tritonclient.grpc import model_config_pb2 as mc
 
 from mme.errors import MmeError, UsageError
 from mme.fsutil import write_bytes_atomic
 from packager.formats.base import ExportedModel, ModelFormat
+
+if TYPE_CHECKING:  # the generated module's types; at run time the schema packager.model_config chose
+    from tritonclient.grpc import model_config_pb2 as mc
+else:
+    from packager.model_config import mc
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ def tensorrt_config(onnx_config: "ModelConfig", max_batch: int, io_dtypes: Mappi
     """The ONNX artifact's config as a TensorRT plan's: platform tensorrt_plan, no backend or
     ONNX parameters, the plan's max batch size, the I/O dtypes the engine really has (when the
     job recorded them), GPU instances."""
-    from tritonclient.grpc import model_config_pb2 as mc  # enum values only; text I/O is triton_config's
+    from packager.model_config import mc  # enum values only; text I/O is triton_config's
 
     config = mc.ModelConfig()
     config.CopyFrom(onnx_config)

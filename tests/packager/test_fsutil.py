@@ -58,3 +58,24 @@ def test_isal_and_zlib_tarballs_hold_the_same_members_and_read_as_plain_tar_gz(t
         assert member is not None and member.read() == weights
     with pytest.raises(ValueError, match="unknown compressor"):
         deterministic_tar_gz(src, "m", tmp_path / "x.tar.gz", compressor="lz4")
+
+
+def test_without_isal_tarballs_go_through_zlib_in_the_same_format(tmp_path, monkeypatch):
+    """ISA-L is an accelerator: a host without python-isal (a bare GPU host) writes the same
+    tar.gz through the standard library, byte-identical to an explicit zlib tarball."""
+    import gzip
+    import sys
+
+    from mme.fsutil import gzip_backend
+
+    src = tmp_path / "m"
+    (src / "1").mkdir(parents=True)
+    (src / "1" / "model.onnx").write_bytes(bytes(range(256)) * 64)
+    assert gzip_backend() == "isal"
+    monkeypatch.setitem(sys.modules, "isal", None)  # import isal -> ImportError, as where it is not installed
+    monkeypatch.delitem(sys.modules, "isal.igzip", raising=False)
+    assert gzip_backend() == "zlib" and gzip_backend("zlib") == "zlib"
+    deterministic_tar_gz(src, "m", tmp_path / "default.tar.gz")
+    deterministic_tar_gz(src, "m", tmp_path / "zlib.tar.gz", compressor="zlib")
+    assert sha256_of(tmp_path / "default.tar.gz") == sha256_of(tmp_path / "zlib.tar.gz")
+    assert gzip.decompress((tmp_path / "default.tar.gz").read_bytes())[:1] == b"m"
