@@ -115,6 +115,7 @@ OPTIONS: dict[str, tuple[str, Callable[[str, Any], list[str]]]] = {
     "precision": ("--precision", _str),
     "hardware_compatible": ("--hardware-compatible", _flag),
     "atol": ("--atol", _float),
+    "rtol": ("--rtol", _float),
     "dynamic_batching": ("--dynamic-batching", _switch),
     "preferred_batch_sizes": ("--preferred-batch-sizes", _ints),
     "max_queue_delay_us": ("--max-queue-delay-us", _int),

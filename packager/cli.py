@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mme.argtypes import int_list, non_negative_int, positive_float, positive_int
+from mme.argtypes import int_list, non_negative_float, non_negative_int, positive_float, positive_int
 from mme.progress import Reporter
 
 if TYPE_CHECKING:
@@ -55,7 +55,11 @@ def register(subparsers) -> None:
                    help="build TensorRT engines that load on every Ampere-or-newer GPU (compute capability 8.0+), "
                    "not only on this GPU's architecture; somewhat slower")
     p.add_argument("--atol", type=positive_float,
-                   help="validation tolerance (default: the family's, 1e-4; 1e-2 for tf32, 5e-2 for fp16 engines)")
+                   help="absolute validation tolerance: an output passes where |export - PyTorch| <= atol + rtol x "
+                   "|PyTorch| (default: the family's, 1e-4; 1e-2 for tf32, 5e-2 for fp16 engines)")
+    p.add_argument("--rtol", type=non_negative_float,
+                   help="relative validation tolerance beside --atol, numpy.allclose's (default: 1e-3 for fp32, "
+                   "room for large logits and another device's arithmetic; 1e-2 for tf32 and fp16 engines; 0: absolute only)")
     p.add_argument("--dynamic-batching", action=argparse.BooleanOptionalAction, default=True,
                    help="enable Triton's dynamic batcher (default: on)")
     p.add_argument("--preferred-batch-sizes", type=int_list, default=(), metavar="N,N",
@@ -183,6 +187,7 @@ def request_from_args(args: argparse.Namespace) -> "PackageRequest":
             warmup=args.warmup,
         ),
         atol=args.atol,
+        rtol=args.rtol,
         triton_release=args.triton_release,
         with_tokenizer=args.with_tokenizer,
     )

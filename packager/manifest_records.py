@@ -103,7 +103,7 @@ class Source:
 
 
 _TARGET_OPTIONAL = ("tensorrt", "cuda", "pytorch_container", "onnx_opset", "python", "torch", "torch_tensorrt",
-                    "torch_tensorrt_abi", "min_compute_capability")
+                    "torch_tensorrt_abi", "min_compute_capability", "min_driver")
 
 
 @dataclass(frozen=True)
@@ -124,6 +124,7 @@ class TritonTarget:
     torch_tensorrt: str | None = None
     torch_tensorrt_abi: str | None = None
     min_compute_capability: str | None = None
+    min_driver: str | None = None  # the NVIDIA driver the release's CUDA needs natively
     sagemaker: bool = False
     unverified: tuple[str, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)  # keys a newer mme may add
@@ -250,8 +251,11 @@ class TensorEntry:
 
 @dataclass(frozen=True)
 class Validation:
-    """The comparison with PyTorch: ``passed`` (None: not compared, ``skipped`` says why),
-    ``atol``, the largest absolute difference and the cases run (as
+    """The comparison with PyTorch: ``passed`` (None: not compared, ``skipped`` says why), the
+    tolerance (an output passed where |export - PyTorch| <= ``atol`` + ``rtol`` x |PyTorch|
+    elementwise; rtol absent in manifests written before it existed: absolute only), the
+    largest absolute difference, the ``device`` the export ran on ("cpu" or "cuda"; absent:
+    the CPU, before it was recorded) and the cases run (as
     ``packager.validate.ValidationReport.to_dict`` writes them)."""
 
     passed: bool | None
@@ -260,13 +264,18 @@ class Validation:
     cases: tuple[Mapping[str, Any], ...] | None = None
     skipped: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    rtol: float | None = None
+    device: str | None = None
 
-    _KEYS = ("passed", "atol", "max_abs_diff", "cases", "skipped")
+    _KEYS = ("passed", "atol", "rtol", "max_abs_diff", "device", "cases", "skipped")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "validation") -> "Validation":
         data = object_field(data, where)
         cases = data.get("cases")
+        device = data.get("device")
+        if device is not None and not isinstance(device, str):
+            raise ManifestFieldError(f"{where}.device is not a string")
         return cls(
             passed=data.get("passed"),
             atol=data.get("atol"),
@@ -274,11 +283,13 @@ class Validation:
             cases=tuple(cases) if cases is not None else None,
             skipped=data.get("skipped"),
             extra=_rest(data, cls._KEYS),
+            rtol=data.get("rtol"),
+            device=device,
         )
 
     def to_dict(self) -> dict:
         data: dict[str, Any] = {"passed": self.passed}
-        for key in ("atol", "max_abs_diff"):
+        for key in ("atol", "rtol", "max_abs_diff", "device"):
             if getattr(self, key) is not None:
                 data[key] = getattr(self, key)
         if self.cases is not None:
@@ -286,6 +297,13 @@ class Validation:
         if self.skipped is not None:
             data["skipped"] = self.skipped
         return data | dict(self.extra)
+
+
+def _histogram(value: Any) -> dict[str, int] | None:
+    """A recorded ``{precision: layer count}`` (entries that are not counts left out); None when absent."""
+    if not isinstance(value, Mapping):
+        return None
+    return {str(k): int(v) for k, v in value.items() if isinstance(v, int) and not isinstance(v, bool)}
 
 
 class _Text:
@@ -346,8 +364,16 @@ class BuildDetails:
         return self.values.get("opset")
 
     @property
-    def layer_precisions(self) -> Any:
-        return self.values.get("layer_precisions")
+    def layer_precisions(self) -> dict[str, int] | None:
+        """A TensorRT plan's layers counted by their outputs' datatype, ``{"fp16": 120, "fp32": 9, "int32": 3}``
+        (None: not recorded). The fields are defined in packager/formats/tensorrt_plan.py."""
+        return _histogram(self.values.get("layer_precisions"))
+
+    @property
+    def compute_layer_precisions(self) -> dict[str, int] | None:
+        """The same over the plan's compute layers, which ``engine_precision`` sums up (one precision, or
+        ``mixed``). None in manifests written before it existed: their ``engine_precision`` is a majority vote."""
+        return _histogram(self.values.get("compute_layer_precisions"))
 
     @property
     def builder_settings(self) -> dict[str, Any]:

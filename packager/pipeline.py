@@ -43,6 +43,7 @@ class PackageRequest:
     export: ExportOptions = field(default_factory=ExportOptions)
     triton: TritonOptions = field(default_factory=TritonOptions)
     atol: float | None = None
+    rtol: float | None = None  # None: the format's default (the family's, looser for tf32/fp16 engines)
     triton_release: str | None = None
     with_tokenizer: bool = False  # text models: an ensemble of the packaged tokenizer + the encoder (TEXT in)
 
@@ -79,6 +80,8 @@ def check_request(request: PackageRequest, *, build_here: bool = True) -> None:
         raise UsageError(f"--opset {request.export.opset} is too old; Triton's ONNX Runtime path needs {MIN_OPSET} or newer")
     if request.atol is not None and not request.atol > 0:
         raise UsageError(f"--atol must be a positive number (got {request.atol})")
+    if request.rtol is not None and not request.rtol >= 0:
+        raise UsageError(f"--rtol must be 0 or a positive number (got {request.rtol}); 0 compares absolutely, by --atol alone")
     path = request.model.weights_path
     if path is not None and not path.exists():
         raise UsageError(f"--weights {path}: no such file or directory; pass a local checkpoint file or a Hugging Face model directory")
@@ -123,7 +126,7 @@ def package(request: PackageRequest, reporter: Reporter) -> list[PackagedArtifac
     try:
         max_batch = request.triton.max_batch_size
         ctx = ExportContext(model=model, options=request.export, workdir=workdir, reporter=reporter,
-                            max_batch_size=max_batch)
+                            max_batch_size=max_batch, instance_kind=request.triton.instance_kind)
         text = _text_model(request, model, reporter, load_timings) if request.with_tokenizer else None
         with reporter.stage("reference outputs from PyTorch", load_timings, "reference"):
             references = reference_cases(model, max_batch)
@@ -135,11 +138,16 @@ def package(request: PackageRequest, reporter: Reporter) -> list[PackagedArtifac
             with reporter.stage("export", timings, "export"):
                 exported = fmt.export(ctx)
             atol = request.atol or fmt.default_atol(model.spec.default_atol, request.export.precision)
+            rtol = request.rtol if request.rtol is not None else fmt.default_rtol(model.spec.default_rtol,
+                                                                                  request.export.precision)
             run = fmt.runner(exported, ctx)
-            with reporter.stage("validate against PyTorch", timings, "validate"):
-                validation = validate(model, exported, run, references, atol, reporter).to_dict()
+            device, device_detail = fmt.validation_device(run)
+            with reporter.stage(f"validate against PyTorch (on {device})", timings, "validate"):
+                validation = validate(model, exported, run, references, atol, reporter, rtol=rtol, device=device,
+                                      device_detail=device_detail).to_dict()
                 if text:
-                    validation = text.validate(model, exported, run, text_references, atol, reporter, validation)
+                    validation = text.validate(model, exported, run, text_references, atol, reporter, validation,
+                                               rtol=rtol)
             with staged_directory(model_root / format_name) as staging:
                 with reporter.stage("layout", timings, "layout"):
                     config = build_config(fmt, exported, request.triton, model.spec.axes,

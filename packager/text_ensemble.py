@@ -25,10 +25,9 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
-from tritonclient.grpc import model_config_pb2 as mc
 
 from mme.errors import OutputValuesMismatchError, UsageError
 from mme.progress import Reporter
@@ -39,6 +38,11 @@ from packager.sources.hf_source import SAMPLE_TEXT  # the second article's paylo
 from packager.spec import IOSpec, TensorSpec
 from packager.triton_config import TritonOptions
 from packager.validate import ReferenceCase
+
+if TYPE_CHECKING:  # the generated module's types; at run time the schema packager.model_config chose
+    from tritonclient.grpc import model_config_pb2 as mc
+else:
+    from packager.model_config import mc
 
 TEXT = TensorSpec("TEXT", "bytes", (1,))
 TOKENIZER_PY = "wordpiece_tokenizer.py"
@@ -367,15 +371,17 @@ class TextEnsemble:
         return reference_text_cases(model, self.tokenizer, max_batch)
 
     def validate(self, model: LoadedModel, encoder: ExportedModel, run: Runner, references: tuple[ReferenceCase, ...],
-                 atol: float, reporter: Reporter, encoder_validation: Mapping[str, Any]) -> dict[str, Any]:
+                 atol: float, reporter: Reporter, encoder_validation: Mapping[str, Any],
+                 rtol: float = 0.0) -> dict[str, Any]:
         """The ensemble (packaged tokenizer + this export) against PyTorch on the validation texts,
-        merged with the encoder's own validation on token ids."""
+        merged with the encoder's own validation on token ids (the same atol and rtol)."""
         from packager.validate import validate
 
         spec = text_spec(model.spec)
         served = dataclasses.replace(served_model(model.spec, encoder), format=f"{encoder.format} + tokenizer, text")
         report = validate(dataclasses.replace(model, spec=spec), served,
-                          text_runner(self.tokenizer, model.spec, encoder, run), references, atol, reporter)
+                          text_runner(self.tokenizer, model.spec, encoder, run), references, atol, reporter,
+                          rtol=rtol, device=str(encoder_validation.get("device", "cpu")))
         text = report.to_dict()
         cases = [dict(c, input="token ids") for c in encoder_validation.get("cases", ())]
         cases += [dict(c, input="text") for c in text["cases"]]

@@ -14,9 +14,12 @@ tree against the host's RAM. The loop:
       stop once utilisation reaches the threshold
 
 This module only takes the readings (``serving.capacity.Readings``); the report is the local
-loop's, built by the same ``serving.capacity.build_report``: baseline, per-copy footprint
-mean/min/max (copies already loaded by an earlier run left out), the copies that fit under
-the threshold, the prediction from the footprint, and projections onto other instance types.
+loop's, built by the same ``serving.capacity.build_report``: baseline, the first copy apart
+(on a GPU it carries the one-time CUDA/cuDNN/cuBLAS/ONNX Runtime start-up), the per-copy
+footprint mean/min/max over the copies after it (copies already loaded by an earlier run left
+out: when copy 1 is one of them, its start-up is in the baseline), the copies that fit under
+the threshold, the prediction (baseline + first copy + (n - 1) x per copy), and projections
+onto other instance types' usable GPU memory.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from mme.errors import UsageError
 from mme.fsutil import deterministic_tar_gz
 from mme.progress import Reporter
 from packager.manifest import Manifest
-from serving.capacity import CapacityReport, Footprint, Readings, build_report
+from serving.capacity import CapacityReport, CopyCost, Readings, build_report
 from serving.copies import copy_name
 from serving.deploy.s3push import Artifact, execute_push, load_artifact, plan_push
 
@@ -60,7 +63,7 @@ PRELOADED_BYTES = 2 * MIB  # a copy that adds less than this was already loaded
 
 def metrics_config() -> "ModelConfig":
     """The metrics model's Triton config (no name: the MME loads it under its target name)."""
-    from tritonclient.grpc import model_config_pb2 as mc
+    from packager.model_config import mc
 
     config = mc.ModelConfig(backend="python", max_batch_size=0)
     config.input.add(name="request", data_type=mc.TYPE_INT32, dims=[1])
@@ -256,6 +259,6 @@ def measure_remote_capacity(s3: Any, invoker: EndpointInvoker, request: RemoteCa
     # copies that were already loaded tell nothing about a copy's size
     sized = [s for s in readings.steps if s.delta_bytes >= PRELOADED_BYTES] or readings.steps
     report = build_report(readings, sized, instances=instances)
-    reporter.info(f"  {Footprint.of(sized).line()}: {report.actual_copies} copies fit under {request.threshold:.0%} "
+    reporter.info(f"  {CopyCost.of(sized).line()}: {report.actual_copies} copies fit under {request.threshold:.0%} "
                   f"(stopped at {stopped}), predicted {report.predicted_copies}")
     return RemoteCapacityResult(report, source, tuple(copied), tuple(reused), stopped)

@@ -72,7 +72,8 @@ def register_serve(subparsers) -> None:
                    "for a Triton that loads only from there, i.e. 2.70+ with --server system; else a temporary directory)")
     p.add_argument("--memory", choices=MEMORY_KINDS, default="auto",
                    help="what the threshold counts: gpu (NVML, whole device), host (RSS of Triton's process tree), "
-                   "or auto: the GPU when one is visible unless the models run on the CPU (default: auto)")
+                   "or auto: the GPU when one is visible unless the models run on the CPU; auto refuses on a GPU host "
+                   "without NVML (install it: make install-gpu; or accept host RSS: --memory host) (default: auto)")
     p.add_argument("--s3-endpoint-url", help="S3-compatible endpoint for s3:// sources")
     p.add_argument("--disk-limit", type=byte_size,
                    help="disk the extracted models may use, e.g. 20G; past it the least recently used models that are "
@@ -279,7 +280,9 @@ def register_capacity(subparsers) -> None:
     p.add_argument("--server", choices=KINDS, default="auto",
                    help="Triton to load into, as for mme serve (default: auto; TensorRT and ONNX formats need docker or system)")
     p.add_argument("--memory", choices=MEMORY_KINDS, default="auto",
-                   help="what is counted: gpu (NVML), host (RSS of Triton's process tree), or auto (default: auto)")
+                   help="what is counted: gpu (NVML), host (RSS of Triton's process tree), or auto: the GPU when one "
+                   "is visible unless the models run on the CPU; auto refuses on a GPU host without NVML (install it: "
+                   "make install-gpu; or accept host RSS: --memory host) (default: auto)")
     p.add_argument("--probe-copies", type=positive_int, default=None,
                    help="copies measured for the prediction (default: 3; local loop)")
     p.add_argument("--no-verify", dest="verify", action="store_false", help="predict only; don't load to the threshold")

@@ -275,7 +275,7 @@ def plan_markdown(measurement: FleetMeasurement, rates: dict[str, float], rows: 
 
 def run_fleet_capacity(args: argparse.Namespace) -> int:
     from serving.capacity import CONCURRENCY
-    from serving.instances import load_instances
+    from serving.instances import gpu_memory, load_instances
 
     reporter = Reporter(quiet=args.quiet)
     if args.mix is None:
@@ -303,7 +303,7 @@ def run_fleet_capacity(args: argparse.Namespace) -> int:
     if args.memory_limit:
         memories.append((f"this host ({args.memory_limit / MIB:.0f} MiB)", int(args.memory_limit)))
     instances = load_instances(Path(args.instances)) if args.instances else load_instances()
-    memories += [(name, int(row["gpu_memory_gib"] * 2**30)) for name, row in instances.items()]
+    memories += [(name, gpu_memory(row)[0]) for name, row in instances.items()]  # usable, where known
     rows = plan_fleet(measurement, rates, memories, args.threshold, args.max_cold_share, args.sim_duration,
                       use_rest=args.at_rest, seed=args.seed)
     settings = {"threshold": args.threshold, "max_cold_share": args.max_cold_share, "duration_s": args.sim_duration,

@@ -30,11 +30,37 @@ def _table(path: Path | None = None) -> dict:
 
 
 def load_instances(path: Path | None = None) -> dict[str, dict]:
-    """The ``[instances]`` table (instance type -> gpu, gpu_memory_gib, compute_capability)."""
+    """The ``[instances]`` table (instance type -> gpu, gpu_memory_gib, gpu_memory_usable_mib,
+    compute_capability), each row's memory checked."""
     table = _table(path)
     if "instances" not in table:
         raise UsageError(f"{path}: not an instance table (no [instances]); see serving/instances.toml for the format")
+    where = path or "serving/instances.toml"
+    for name, row in table["instances"].items():
+        if not _positive(row.get("gpu_memory_gib") if isinstance(row, dict) else None):
+            raise UsageError(f"{where}: [instances.\"{name}\"] needs gpu_memory_gib, the GPU's nominal memory as a "
+                             "positive number (e.g. gpu_memory_gib = 24); see serving/instances.toml")
+        if "gpu_memory_usable_mib" in row and not _positive(row["gpu_memory_usable_mib"]):
+            raise UsageError(f"{where}: [instances.\"{name}\"] gpu_memory_usable_mib must be a positive number of MiB "
+                             "(the total nvidia-smi shows on that GPU, e.g. 23028 for an A10G), or left out")
     return table["instances"]
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+NOMINAL = "nominal"  # an instance row's memory as its gpu_memory_gib (no usable figure given)
+USABLE = "usable"  # as its gpu_memory_usable_mib: the total the driver reports
+
+
+def gpu_memory(row: dict) -> tuple[int, str]:
+    """(bytes, basis) of an ``[instances]`` row: the usable total the driver reports
+    (``gpu_memory_usable_mib``, basis USABLE) where the row has it, else the nominal size
+    (``gpu_memory_gib``, basis NOMINAL), which overstates what copies can fill."""
+    if "gpu_memory_usable_mib" in row:
+        return int(row["gpu_memory_usable_mib"] * 2**20), USABLE
+    return int(row["gpu_memory_gib"] * 2**30), NOMINAL
 
 
 def family_of(instance_type: str) -> str:

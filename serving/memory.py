@@ -4,13 +4,19 @@ or ``mme capacity`` counts with (:func:`choose_meter`).
 
 On a GPU host the meter reads NVML's device-wide figure: it is right across PID namespaces
 (a Triton in a container has other PIDs than the host sees) and includes every CUDA
-context. Per-process figures are kept where the driver gives them.
+context. Per-process figures are kept where the driver gives them. A host that has an NVIDIA
+GPU but no readable NVML (the ``gpu`` extra, nvidia-ml-py, not installed) is refused for
+"auto" rather than silently counted by host RSS: the models fill GPU memory the host's RSS
+never shows, so eviction would never fire.
 """
 
 from __future__ import annotations
 
 import contextlib
+import shutil
+import subprocess
 import time
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, TypeVar
 
@@ -248,17 +254,58 @@ class GpuMemoryMeter(MemoryMeter):
                 "server_processes_bytes": sum(visible) if visible else None}
 
 
+def nvidia_gpu_evidence(dev: Path = Path("/dev")) -> str | None:
+    """What shows an NVIDIA GPU on this host without asking NVML: a ``/dev/nvidiaN`` device
+    node (the driver's, also mounted into GPU containers), else ``nvidia-smi -L`` listing one;
+    None when neither does."""
+    nodes = sorted(node.name for node in dev.glob("nvidia[0-9]*"))
+    if nodes:
+        return f"{dev / nodes[0]}"
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        done = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    gpus = [line for line in done.stdout.splitlines() if line.startswith("GPU ")]
+    return f"nvidia-smi -L lists {len(gpus)} GPU{'s' if len(gpus) > 1 else ''}" if done.returncode == 0 and gpus else None
+
+
+def nvml_problem() -> str:
+    """Why NVML cannot be read here, in words (for a host where :func:`gpu_device_count` is None)."""
+    try:
+        import pynvml  # noqa: F401
+    except ImportError:
+        return "nvidia-ml-py is not installed"
+    return "nvidia-ml-py is installed but NVML did not start: the driver's libnvidia-ml is missing or refused"
+
+
 def choose_meter(kind: str, pids: Callable[[], Iterable[int]], *, instance_kind: str | None = None,
-                 gpu_index: int = 0) -> MemoryMeter:
+                 gpu_index: int = 0, gpu_evidence: Callable[[], str | None] | None = None) -> MemoryMeter:
     """The meter for ``kind``: "gpu", "host", or "auto" = the GPU whenever NVML sees one,
-    unless the models are known to run on the CPU (``instance_kind`` KIND_CPU, e.g. cpu-local)."""
+    unless the models are known to run on the CPU (``instance_kind`` KIND_CPU, e.g. cpu-local).
+
+    "auto" refuses (UsageError) on a host that has an NVIDIA GPU NVML cannot read: host RSS
+    would be counted while the models fill GPU memory. ``gpu_evidence`` says whether a GPU is
+    there without NVML (default :func:`nvidia_gpu_evidence`; a test passes its own)."""
     if kind not in MEMORY_KINDS:
         raise UsageError(f"--memory {kind!r}: choose one of {', '.join(MEMORY_KINDS)}")
     if kind == "host":
         return HostMemoryMeter(pids)
     if kind == "gpu":
         return GpuMemoryMeter(gpu_index, pids)
+    if instance_kind == "KIND_CPU":
+        return HostMemoryMeter(pids)  # the models live in host memory whatever the host has
     count = gpu_device_count()
-    if count and count > gpu_index and instance_kind != "KIND_CPU":
+    if count is None:
+        seen = (gpu_evidence or nvidia_gpu_evidence)()
+        if seen:
+            raise UsageError(
+                f"--memory auto: this host has an NVIDIA GPU ({seen}) but NVML cannot be read ({nvml_problem()}), so "
+                "the GPU memory the models fill cannot be counted and eviction would go by host RSS; install it with "
+                "'make install-gpu' (or 'pip install nvidia-ml-py'), or pass --memory host to count host RSS anyway"
+            )
+    if count and count > gpu_index:
         return GpuMemoryMeter(gpu_index, pids)
     return HostMemoryMeter(pids)

@@ -17,6 +17,28 @@ from packager.spec import TensorSpec
 
 Runner = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
 
+KIND_GPU = "KIND_GPU"  # Triton's instance_group kind of a model served on the GPU
+CPU, CUDA = "cpu", "cuda"  # where a validation ran, as the manifest records it
+
+
+@dataclass(frozen=True)
+class DeviceRunner:
+    """A :data:`Runner` that says where it runs: ``device`` "cpu" or "cuda", and ``detail``
+    (the GPU, the execution provider, TF32) for the manifest's validation record."""
+
+    run: Runner
+    device: str
+    detail: str = ""
+
+    def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.run(inputs)
+
+
+def validation_device(instance_kind: str, gpu_usable: bool) -> str:
+    """Where an export is validated: on the GPU when it is served there (``instance_kind``
+    KIND_GPU) and this host can run it there (``gpu_usable``), else on the CPU."""
+    return CUDA if instance_kind == KIND_GPU and gpu_usable else CPU
+
 
 @dataclass(frozen=True)
 class ExportOptions:
@@ -55,6 +77,7 @@ class ExportContext:
     reporter: Reporter
     max_batch_size: int = 16  # the request's TritonOptions.max_batch_size (engine profiles, dynamic axes)
     cache: dict[str, Any] = field(default_factory=dict)
+    instance_kind: str | None = None  # the request's --instance-kind (KIND_GPU / KIND_CPU); None: each format's own
 
 
 class ModelFormat:
@@ -99,8 +122,23 @@ class ModelFormat:
         return {}
 
     def default_atol(self, spec_atol: float, precision: str) -> float:
-        """The validation tolerance when --atol is not given: the family's (``spec_atol``)."""
+        """The absolute validation tolerance when --atol is not given: the family's (``spec_atol``)."""
         return spec_atol
+
+    def default_rtol(self, spec_rtol: float, precision: str) -> float:
+        """The relative validation tolerance when --rtol is not given: the family's (``spec_rtol``)."""
+        return spec_rtol
+
+    def served_instance_kind(self, ctx: ExportContext) -> str:
+        """The Triton instance kind the artifact will be served with (the request's, else this format's)."""
+        return ctx.instance_kind or self.instance_kind
+
+    def validation_device(self, run: Runner) -> tuple[str, str]:
+        """(device, detail) of a runner made by :meth:`runner`: what a :class:`DeviceRunner`
+        says, else the GPU for a GPU-only format and the CPU for the others."""
+        if isinstance(run, DeviceRunner):
+            return run.device, run.detail
+        return (CUDA, "") if self.requires_gpu else (CPU, "")
 
     def work_path(self, ctx: ExportContext) -> Path:
         """Where the export writes its model file (``<workdir>/<format>/<model_file>``)."""

@@ -6,7 +6,7 @@ Precision is what it says:
 * ``fp32``: FP32 arithmetic. TensorRT's ``BuilderFlag.TF32`` is on by default (TensorRT 10
   and 11), so it is cleared; Torch-TensorRT gets ``disable_tf32=True``.
 * ``tf32``: FP32 tensors, matrix products in TF32 on Ampere and newer (faster, ~1e-3 error
-  on transformer layers): its own, looser default tolerance.
+  on transformer layers): its own, looser default tolerances.
 * ``fp16``: half precision. TensorRT 10 takes ``BuilderFlag.FP16``; TensorRT 11 has no such
   flag (networks are strongly typed), so the ONNX graph is converted to FP16 first.
   Torch-TensorRT up to 2.9 honours ``enabled_precisions``; 2.10-2.12 need
@@ -30,6 +30,12 @@ from packager.spec import IOSpec, TensorSpec
 PRECISIONS = ("fp32", "tf32", "fp16")
 TF32_ATOL = 1e-2  # TF32 rounding emulated on CPU: 2.6e-4 (test_resnet), 1.7e-3 (distilbert)
 FP16_ATOL = 5e-2
+# Relative tolerances of the reduced precisions: TF32 and FP16 both keep a 10-bit mantissa
+# (unit roundoff 2^-11 = 4.9e-4 per rounding, against fp32's 6e-8), and errors of that order
+# compound over a network's layers to about 1e-2 of an output's size; fp32 engines take the
+# family's (packager.spec.IOSpec.default_rtol, 1e-3).
+TF32_RTOL = 1e-2
+FP16_RTOL = 1e-2
 HARDWARE_COMPATIBLE = "ampere_plus"  # TensorRT HardwareCompatibilityLevel.AMPERE_PLUS
 
 
@@ -68,6 +74,14 @@ def precision_atol(spec_atol: float, precision: str) -> float:
     return max(spec_atol, TF32_ATOL if precision == "tf32" else FP16_ATOL)
 
 
+def precision_rtol(spec_rtol: float, precision: str) -> float:
+    """A GPU engine's relative validation tolerance when --rtol is not given: the family's for
+    FP32, looser for TF32 and FP16."""
+    if precision == "fp32":
+        return spec_rtol
+    return max(spec_rtol, TF32_RTOL if precision == "tf32" else FP16_RTOL)
+
+
 def hardware_compatibility(options: ExportOptions) -> str:
     """The engine's hardware compatibility level as the manifest records it."""
     return HARDWARE_COMPATIBLE if options.hardware_compatible else "none"
@@ -83,6 +97,9 @@ class GpuFormat(ModelFormat):
 
     def default_atol(self, spec_atol: float, precision: str) -> float:
         return precision_atol(spec_atol, precision)
+
+    def default_rtol(self, spec_rtol: float, precision: str) -> float:
+        return precision_rtol(spec_rtol, precision)
 
     def recorded_versions(self, exported: ExportedModel) -> dict[str, str]:
         built = {key: str(exported.details[key]) for key in self.BUILT_VERSIONS if key in exported.details}

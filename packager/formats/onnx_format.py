@@ -1,14 +1,26 @@
-"""ONNX for Triton's ``onnxruntime_onnx`` backend: opset >= 17, dynamic batch and sequence."""
+"""ONNX for Triton's ``onnxruntime_onnx`` backend: opset >= 17, dynamic batch and sequence.
+
+An artifact that backend serves on the GPU (instance kind KIND_GPU, the default) is validated
+with ONNX Runtime's CUDAExecutionProvider where this ONNX Runtime has it (the onnxruntime-gpu
+build on a GPU host), else on the CPU as before; the manifest records which. The CUDA provider
+runs with ``use_tf32`` 0 (its option, onnxruntime/core/providers/cuda/cuda_execution_provider_info.cc)
+so FP32 is checked against FP32 tolerances. The cpu-local format (the python backend's ONNX
+Runtime, CPU provider only) is always validated on the CPU.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Sequence
 
 from mme.errors import ExportError
 from mme.progress import library_output_captured
-from packager.formats.base import ExportContext, ExportedModel, ExportOptions, ModelFormat, Runner, exception_summary, package_version
+from packager.formats.base import (CPU, CUDA, DeviceRunner, ExportContext, ExportedModel, ExportOptions, ModelFormat,
+                                   Runner, exception_summary, package_version, validation_device)
 
 MIN_OPSET = 17
+CUDA_PROVIDER = "CUDAExecutionProvider"
+CPU_PROVIDER = "CPUExecutionProvider"
 
 
 def exported_onnx(ctx: ExportContext) -> Path:
@@ -58,13 +70,26 @@ def _export(ctx: ExportContext) -> Path:
     return path
 
 
-def onnx_session(path: Path, threads: int = 0):
+def onnx_session(path: Path, threads: int = 0, providers: Sequence[Any] = (CPU_PROVIDER,)):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.log_severity_level = 3
-    return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(path), sess_options=options, providers=list(providers))
+
+
+def onnx_providers(instance_kind: str, available: Sequence[str] | None = None) -> list[Any]:
+    """ONNX Runtime providers to validate an artifact served with ``instance_kind``: the CUDA
+    provider (FP32: TF32 off), then the CPU, for a GPU one when ``available`` (None: this ONNX
+    Runtime's providers) has it; else the CPU provider alone."""
+    if available is None:
+        import onnxruntime as ort
+
+        available = ort.get_available_providers()
+    if validation_device(instance_kind, CUDA_PROVIDER in available) == CUDA:
+        return [(CUDA_PROVIDER, {"use_tf32": "0"}), CPU_PROVIDER]
+    return [CPU_PROVIDER]
 
 
 def run_onnx(session, exported: ExportedModel) -> Runner:
@@ -92,8 +117,23 @@ class OnnxFormat(ModelFormat):
         """ONNX Runtime intra-op threads of the validation session (0: ONNX Runtime's default)."""
         return 0
 
+    def validation_providers(self, instance_kind: str, available: Sequence[str] | None = None) -> list[Any]:
+        """The providers the validation session asks for: as Triton's ONNX Runtime backend serves
+        ``instance_kind`` (:func:`onnx_providers`); a python-backend format runs its own CPU session."""
+        if self.platform != "onnxruntime_onnx":
+            return [CPU_PROVIDER]
+        return onnx_providers(instance_kind, available)
+
     def runner(self, exported: ExportedModel, ctx: ExportContext) -> Runner:
-        return run_onnx(onnx_session(exported.files[self.model_file], self.session_threads(ctx.options)), exported)
+        """On the GPU for a GPU artifact where ONNX Runtime has the CUDA provider, else on the CPU."""
+        providers = self.validation_providers(self.served_instance_kind(ctx))
+        session = onnx_session(exported.files[self.model_file], self.session_threads(ctx.options), providers)
+        ran = session.get_providers()
+        if ran and ran[0] == CUDA_PROVIDER:
+            return DeviceRunner(run_onnx(session, exported), CUDA, f"ONNX Runtime {CUDA_PROVIDER}, FP32 (use_tf32 0)")
+        detail = (f"ONNX Runtime {CPU_PROVIDER} ({CUDA_PROVIDER} was asked for but did not start)"
+                  if len(providers) > 1 else "")
+        return DeviceRunner(run_onnx(session, exported), CPU, detail)
 
     def versions(self) -> dict[str, str]:
         return onnx_versions()

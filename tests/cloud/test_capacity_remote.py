@@ -66,6 +66,10 @@ def test_remote_loop_against_local_mme(s3env, artifact: Path, local_mme, tmp_pat
     assert all(later > earlier for earlier, later in zip(memories, memories[1:])), memories
     assert report.footprint_min_bytes > 4 * 2**20  # each copy is a python-backend stub with ONNX Runtime
     assert report.actual_copies == 3 and report.predicted_copies >= 3
+    # the first copy apart (on a GPU it carries the one-time start-up), per copy from copies 2-3
+    assert report.first_copy_bytes == report.steps[0].delta_bytes
+    assert report.per_copy_basis == "copies 2-3, after the first"
+    assert report.footprint_mean_bytes == (report.steps[1].delta_bytes + report.steps[2].delta_bytes) // 2
     assert 0 < report.baseline_bytes < report.limit_bytes
     # Copies by server-side copy only: the base tarball and the metrics model are the only bodies sent.
     assert s3env.calls.copies == 3 and s3env.calls.count("PutObject") == 2
@@ -96,6 +100,9 @@ def test_remote_loop_against_local_mme(s3env, artifact: Path, local_mme, tmp_pat
     assert saved["memory_kind"] == HOST_KIND and len(saved["steps"]) == 4 and saved["actual_copies"] == 4
     # Copies 1-3 were loaded by the first run: only copy 4's growth is a footprint.
     assert saved["footprint_min_bytes"] == saved["footprint_max_bytes"] == saved["steps"][3]["delta_bytes"] > 4 * 2**20
+    # copy 1 was not measured in this run: its one-time start-up is in the baseline, and the report says so
+    assert saved["first_copy_bytes"] is None and "copy 1 was loaded before" in saved["per_copy_basis"]
+    assert "first copy: not measured" in stdout
     assert f"{PREFIX}/test_resnet-v4.tar.gz" in s3env.keys(PREFIX)
 
 

@@ -98,3 +98,13 @@ def test_eight_models_package_with_two_jobs_then_resume_and_one_failure_does_not
     assert status.pop("test_nfnet") == "packaged" and set(status.values()) == {"up to date"}
     assert tarball.stat().st_mtime_ns == before
     assert "catalogue: 1 packaged, 7 up to date, 0 failed" in capsys.readouterr().out
+
+
+def test_an_entry_sets_the_relative_tolerance_as_mme_package_does(tmp_path):
+    from packager.catalogue import entry_request
+
+    catalogue = load_catalogue(write(tmp_path, '[defaults]\nrtol = 0.01\n[[model]]\nname = "test_resnet"\n'
+                                               '[[model]]\nname = "test_vit"\nrtol = 0\n'))
+    first, second = catalogue.entries
+    assert first.argv[-2:] == ("--rtol", "0.01") and entry_request(first, tmp_path).rtol == 0.01
+    assert entry_request(second, tmp_path).rtol == 0.0  # absolute only, by atol alone

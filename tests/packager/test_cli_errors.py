@@ -103,10 +103,24 @@ def test_mismatch_is_caught_and_nothing_is_left(tmp_path, capsys):
     # An impossible tolerance makes validation fail on a real export: exit 3, typed message,
     # and no artifact directory that could pass for a good one.
     code, _, err = run_cli(capsys, "-q", "package", "test_resnet", "--no-pretrained", "--formats", "onnx",
-                           "--atol", "1e-30", "--out", str(tmp_path))
+                           "--atol", "1e-30", "--rtol", "0", "--out", str(tmp_path))
     assert code == 3
-    assert "mme: error: [onnx] output logits differs from PyTorch" in err
+    assert "mme: error: [onnx] output logits differs from PyTorch beyond atol 1e-30 + rtol 0" in err
+    assert "widen the tolerance: --rtol " in err and "Traceback" not in err  # how to widen it, in the one line
     assert not (tmp_path / "test_resnet").exists()
+
+
+def test_a_negative_rtol_is_refused(tmp_path, capsys):
+    from mme.errors import UsageError
+    from packager.model import ModelRequest
+    from packager.pipeline import PackageRequest, check_request
+
+    code, _, err = run_cli(capsys, "package", "test_resnet", "--formats", "onnx", "--rtol=-1e-3",
+                           "--out", str(tmp_path))
+    assert code == 2 and "--rtol" in err and "0 or more" in err and "Traceback" not in err
+    with pytest.raises(UsageError, match="--rtol must be 0 or a positive number"):
+        check_request(PackageRequest(ModelRequest("test_resnet"), ("onnx",), tmp_path, rtol=-1.0))
+    assert not any(tmp_path.iterdir())
 
 
 def test_help_and_list(capsys):

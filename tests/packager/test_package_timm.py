@@ -23,6 +23,16 @@ FORMATS = {
 }
 
 
+def _validation_device(fmt: str, kind: str) -> str:
+    """Where this host validates a format served with ``kind``: the GPU for GPU-marked
+    TorchScript (torch sees CUDA) and ONNX (ONNX Runtime has the CUDA provider), else the CPU."""
+    if kind != "KIND_GPU":
+        return "cpu"
+    if fmt == "torchscript":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if fmt == "onnx" and "CUDAExecutionProvider" in ort.get_available_providers() else "cpu"
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_layout_config_and_manifest(tiny_timm_artifacts, fmt):
     platform, backend, model_file, kind = FORMATS[fmt]
@@ -44,6 +54,9 @@ def test_layout_config_and_manifest(tiny_timm_artifacts, fmt):
     assert manifest.triton.release == default_release_name() == manifest.triton.target.release
     assert manifest.validation.passed is True
     assert manifest.validation.max_abs_diff <= manifest.validation.atol
+    assert manifest.validation.rtol == 1e-3  # fp32's default beside atol 1e-4
+    assert manifest.validation.device == _validation_device(fmt, kind)
+    assert list(manifest.to_dict()["validation"])[:5] == ["passed", "atol", "rtol", "max_abs_diff", "device"]
     assert len(manifest.validation.cases) == 2  # batch 2 and batch 1
     assert set(manifest.timings_s) >= {"load", "export", "validate", "layout", "tarball"}
     assert manifest.parameters > 0

@@ -141,6 +141,19 @@ def test_default_tolerances_follow_the_precision(engine):
     assert fmt.default_atol(1e-4, "fp16") == gpu.FP16_ATOL
     for cpu in ("torchscript", "onnx", "cpu-local"):  # CPU formats are FP32 whatever is asked
         assert FORMATS[cpu].default_atol(1e-4, "fp16") == 1e-4
+    # the relative part: the family's for FP32, 1e-2 for the 10-bit mantissas of TF32 and FP16
+    assert fmt.default_rtol(1e-3, "fp32") == 1e-3
+    assert fmt.default_rtol(1e-3, "tf32") == gpu.TF32_RTOL == 1e-2
+    assert fmt.default_rtol(1e-3, "fp16") == gpu.FP16_RTOL == 1e-2
+    assert fmt.default_rtol(5e-2, "fp16") == 5e-2  # never tighter than the family's
+    for cpu in ("torchscript", "onnx", "cpu-local"):
+        assert FORMATS[cpu].default_rtol(1e-3, "fp16") == 1e-3
+
+
+def test_the_families_default_to_a_relative_tolerance_for_fp32():
+    from packager.spec import IOSpec
+
+    assert (IOSpec("t", (), ()).default_atol, IOSpec("t", (), ()).default_rtol) == (1e-4, 1e-3)
 
 
 def test_engine_formats_record_the_tensorrt_their_build_reported():

@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import pytest
+
 from mme.cli import main
 from packager.manifest import Manifest
+from serving.capacity import format_table
 
 
 def test_capacity_prediction_matches_what_fits(packaged_test_resnet, tmp_path, capsys):
@@ -26,7 +29,16 @@ def test_capacity_prediction_matches_what_fits(packaged_test_resnet, tmp_path, c
     g6e = next(p for p in report["projections"] if p["instance_type"] == "ml.g6e.2xlarge")
     g5 = next(p for p in report["projections"] if p["instance_type"] == "ml.g5.2xlarge")
     assert g6e["copies"] >= 2 * g5["copies"]
+    # projected onto the usable memory the driver reports, not the nominal size
+    assert (g5["memory_bytes"], g5["memory_basis"], g5["nominal_gib"]) == (23028 << 20, "usable", 24)
     assert f"predicted {predicted}, actual {actual}" in out
+    # the first copy apart, the per-copy figure from the copies after it (2 probes: copy 2)
+    steps = report["steps"]
+    assert report["first_copy_bytes"] == steps[0]["delta_bytes"] == report["first_copy_loaded_bytes"]
+    assert report["first_copy_rest_bytes"] == steps[0]["rest_delta_bytes"]
+    assert report["footprint_mean_bytes"] == steps[1]["delta_bytes"] and report["per_copy_basis"] == "copy 2, after the first"
+    assert "one-time start-up" in report["definitions"]["first_copy_bytes"] and "usable" in report["definitions"]["projections.memory_bytes"]
+    assert "first copy" in out and "per copy after the first" in out and "usable" in out
     # each copy read at rest and after requests at its max batch size; the prediction counts the latter
     assert report["counted"] == "loaded" and report["warmup_batch"] == packaged_test_resnet.manifest.triton.max_batch_size
     assert report["footprint_loaded_mean_bytes"] == report["footprint_mean_bytes"]
@@ -48,8 +60,11 @@ def test_a_limit_too_small_for_one_copy_loads_one_and_says_what_limit_would_fit(
     report = json.loads((tmp_path / "capacity_test_resnet_cpu-local.json").read_text())
     assert len(report["steps"]) == 1 and report["predicted_copies"] == 0  # one copy to measure, none past it
     needed = report["limit_for_one_bytes"]
-    assert needed * 0.9 >= report["baseline_bytes"] + report["footprint_mean_bytes"] > report["limit_bytes"] * 0.9
+    assert needed * 0.9 >= report["baseline_bytes"] + report["first_copy_bytes"] > report["limit_bytes"] * 0.9
     assert "one copy fits under a limit of" in out
+    # with one copy the first stands in for the per-copy figure, and the report says so
+    assert report["footprint_mean_bytes"] == report["first_copy_bytes"]
+    assert "the only one measured" in report["per_copy_basis"] and "the only one measured" in out
 
 
 def test_both_loops_share_one_report_from_their_readings():
@@ -66,16 +81,100 @@ def test_both_loops_share_one_report_from_their_readings():
     assert [(s.copies, s.delta_bytes // mib) for s in readings.steps] == [(1, 100), (2, 100), (3, 150), (4, 10)]
     instances = {"ml.small": {"gpu": "T4", "gpu_memory_gib": 1}, "ml.big": {"gpu": "L40S", "gpu_memory_gib": 4}}
     report = build_report(readings, readings.steps[:2], instances=instances)
-    assert report.footprint_mean_bytes == 100 * mib and report.footprint_max_bytes == 100 * mib
-    assert report.predicted_copies == 8 and report.actual_copies == 4  # (900 - 100) / 100; all four under 900 MiB
-    assert [(p.instance_type, p.gpu, p.copies) for p in report.projections] == [("ml.small", "T4", 8),
-                                                                                 ("ml.big", "L40S", 35)]
+    assert report.first_copy_bytes == 100 * mib  # copy 1
+    assert report.footprint_mean_bytes == 100 * mib and report.footprint_max_bytes == 100 * mib  # copy 2
+    assert report.predicted_copies == 8 and report.actual_copies == 4  # 1 + (900 - 100 - 100) / 100; all four under 900
+    assert [(p.instance_type, p.gpu, p.copies, p.memory_basis) for p in report.projections] == [
+        ("ml.small", "T4", 8, "nominal"), ("ml.big", "L40S", 35, "nominal")]  # rows without a usable figure
     every = build_report(readings, verified=False, instances=instances)
-    assert every.footprint_min_bytes == 10 * mib and every.footprint_mean_bytes == 90 * mib
-    assert every.actual_copies is None and every.predicted_copies == 8 and every.steps == tuple(readings.steps)
+    # per copy over copies 2-4 (100, 150, 10): the first is counted apart
+    assert every.footprint_min_bytes == 10 * mib and every.footprint_mean_bytes == 260 * mib // 3
+    assert every.per_copy_basis == "copies 2-4, after the first"
+    assert every.actual_copies is None and every.predicted_copies == 9 and every.steps == tuple(readings.steps)
     assert Footprint.of(readings.steps[2:]).line() == "per copy 80 MiB (min 10, max 150)"
     with pytest.raises(ValueError):
         Footprint.of([])
+
+
+def test_the_first_copy_is_counted_once_and_projections_use_usable_memory():
+    """On a GPU the first copy carries the one-time CUDA/cuDNN/cuBLAS/ONNX Runtime start-up:
+    averaged into every copy it would under-count what fits. The prediction is baseline + first
+    + (n - 1) x per copy; instance types are projected onto the memory their driver reports."""
+    from serving.capacity import CopyCost, Readings, build_report, predict, predict_copies
+
+    mib = 2**20
+    limit = 24576 * mib
+    readings = Readings("m", "onnx", "GPU memory (NVML)", limit, 0.9, 500 * mib)
+    for memory in (2000, 2300, 2600):  # the first copy +1500 MiB (start-up + itself), then +300 each
+        readings.record(memory * mib, 1.0)
+    instances = {"ml.g5.2xlarge": {"gpu": "A10G", "gpu_memory_gib": 24, "gpu_memory_usable_mib": 23028},
+                 "ml.other": {"gpu": "A10G", "gpu_memory_gib": 24}}
+    report = build_report(readings, instances=instances)
+    assert (report.first_copy_bytes, report.footprint_mean_bytes) == (1500 * mib, 300 * mib)
+    budget = 0.9 * 24576  # MiB
+    assert report.predicted_copies == 1 + int((budget - 500 - 1500) // 300) == 68
+    averaged = predict(500 * mib, 700 * mib, limit, 0.9)  # the old mean over every copy, the first included
+    assert averaged == 30 < report.predicted_copies
+    g5, other = report.projections
+    assert (g5.memory_bytes, g5.memory_basis, g5.nominal_gib) == (23028 * mib, "usable", 24.0)
+    assert g5.copies == 1 + int((0.9 * 23028 - 500 - 1500) // 300) == 63  # nominal 24 GiB would say 68
+    assert (other.memory_bytes, other.memory_basis, other.copies) == (24 << 30, "nominal", 68)
+    assert predict_copies(500 * mib, 1500 * mib, 300 * mib, limit, 0.9) == 68
+    assert predict_copies(500 * mib, 30000 * mib, 300 * mib, limit, 0.9) == 0  # not even the first fits
+    # copy 1 loaded by an earlier run (the remote loop leaves it out): the start-up is in the baseline
+    later = CopyCost.of(readings.steps[1:])
+    assert not later.first_measured and later.first_bytes == 300 * mib and "copy 1 was loaded before" in later.basis
+    preloaded = build_report(readings, readings.steps[1:], instances={})
+    assert preloaded.first_copy_bytes is None and preloaded.projections == ()
+    assert "first copy: not measured" in format_table(preloaded)
+    table = format_table(report)
+    assert "first copy 1500 MiB" in table and "per copy after the first: mean 300 MiB" in table
+    assert "23028 MiB" in table and "(nominal)" in table and "no gpu_memory_usable_mib" in table
+
+
+def test_the_instance_table_holds_usable_memory_and_checks_user_tables(tmp_path, capsys):
+    from mme.errors import UsageError
+    from serving.instances import gpu_memory, load_instances
+
+    rows = load_instances()
+    usable = {row["gpu"]: row["gpu_memory_usable_mib"] for row in rows.values()}
+    assert usable == {"T4": 15360, "A10G": 23028, "V100": 16160, "L4": 23034, "L40S": 46068}
+    for row in rows.values():  # below the nominal size, never above
+        assert 0.9 * row["gpu_memory_gib"] * 1024 < gpu_memory(row)[0] / 2**20 < row["gpu_memory_gib"] * 1024
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[instances."ml.x"]\ngpu = "T4"\n')
+    with pytest.raises(UsageError, match=r'ml\.x.*needs gpu_memory_gib'):
+        load_instances(bad)
+    bad.write_text('[instances."ml.x"]\ngpu = "T4"\ngpu_memory_gib = 16\ngpu_memory_usable_mib = "lots"\n')
+    with pytest.raises(UsageError, match="gpu_memory_usable_mib must be a positive number of MiB"):
+        load_instances(bad)
+    code = main(["capacity", str(tmp_path / "artifact"), "--instances", str(bad)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "gpu_memory_usable_mib" in err and "Traceback" not in err
+
+
+def test_capacity_refuses_host_rss_on_a_gpu_host_without_nvml(packaged_test_resnet, tmp_path, monkeypatch, capsys):
+    """A GPU artifact on a host with a GPU but no nvidia-ml-py: one line naming the fix and --memory host."""
+    import shutil
+    import sys
+
+    from serving import memory
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # nvidia-ml-py not installed
+    monkeypatch.setattr(memory, "nvidia_gpu_evidence", lambda: "/dev/nvidia0")  # the probe: a GPU is there
+    gpu_artifact = tmp_path / "onnx"
+    shutil.copytree(packaged_test_resnet.directory, gpu_artifact)
+    manifest = Manifest.load(gpu_artifact)
+    replace(manifest, triton=replace(manifest.triton, instance_kind="KIND_GPU")).write(gpu_artifact)
+    code = main(["capacity", str(gpu_artifact), "--server", "local", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "/dev/nvidia0" in err and "make install-gpu" in err and "--memory host" in err
+    assert not (tmp_path / "out").exists()
+    # the CPU format is counted in host memory on the same host: no refusal
+    code = main(["capacity", str(packaged_test_resnet.directory), "--probe-copies", "1", "--no-verify",
+                 "--memory-limit", "2G", "--concurrency", "2", "--out", str(tmp_path / "cpu")])
+    assert code == 0, capsys.readouterr().err
 
 
 def test_requests_in_flight_are_counted_once_for_the_endpoint():

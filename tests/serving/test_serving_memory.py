@@ -152,3 +152,44 @@ def test_choose_meter_without_a_gpu(monkeypatch):
         memory.choose_meter("gpu", lambda: [])
     with pytest.raises(UsageError, match="choose one of auto, gpu, host"):
         memory.choose_meter("vram", lambda: [])
+
+
+def test_auto_refuses_a_gpu_host_whose_nvml_cannot_be_read(monkeypatch):
+    """A GPU is there (the probe says so) but nvidia-ml-py is not: counting host RSS would let the
+    models fill GPU memory unseen, so "auto" refuses with the fix and the way to accept it."""
+    from mme.errors import UsageError
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
+    gpu_here = lambda: "/dev/nvidia0"  # noqa: E731
+    with pytest.raises(UsageError) as refused:
+        memory.choose_meter("auto", lambda: [], instance_kind="KIND_GPU", gpu_evidence=gpu_here)
+    message = str(refused.value)
+    assert "\n" not in message and "/dev/nvidia0" in message and "nvidia-ml-py is not installed" in message
+    assert "make install-gpu" in message and "pip install nvidia-ml-py" in message and "--memory host" in message
+    with pytest.raises(UsageError, match="--memory host"):
+        memory.choose_meter("auto", lambda: [], instance_kind=None, gpu_evidence=gpu_here)
+    # what it names as the way out works; models that run on the CPU are counted in host memory as before
+    assert isinstance(memory.choose_meter("host", lambda: [], gpu_evidence=gpu_here), memory.HostMemoryMeter)
+    assert isinstance(memory.choose_meter("auto", lambda: [], instance_kind="KIND_CPU", gpu_evidence=gpu_here),
+                      memory.HostMemoryMeter)
+    # no GPU at all: host RSS, as before
+    assert isinstance(memory.choose_meter("auto", lambda: [], instance_kind="KIND_GPU", gpu_evidence=lambda: None),
+                      memory.HostMemoryMeter)
+    # NVML that reads: the GPU meter, whatever the probe says
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(compute=[(7, 1 << 20)]))
+    assert isinstance(memory.choose_meter("auto", lambda: [], instance_kind="KIND_GPU", gpu_evidence=gpu_here),
+                      memory.GpuMemoryMeter)
+
+
+def test_the_gpu_probe_reads_device_nodes_and_nvidia_smi(tmp_path, monkeypatch):
+    (tmp_path / "nvidiactl").touch()  # the control node alone is not a GPU
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no nvidia-smi either
+    assert memory.nvidia_gpu_evidence(tmp_path) is None
+    (tmp_path / "nvidia0").touch()
+    assert memory.nvidia_gpu_evidence(tmp_path) == str(tmp_path / "nvidia0")
+    (tmp_path / "nvidia0").unlink()
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA A10G (UUID: GPU-x)'\n")
+    smi.chmod(0o755)
+    assert memory.nvidia_gpu_evidence(tmp_path) == "nvidia-smi -L lists 1 GPU"
