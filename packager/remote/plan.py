@@ -4,6 +4,13 @@ manifest, the training job's name and its CreateTrainingJob request.
 
 Job names are derived from the model, instance type, precision and ONNX sha256, so running
 the same command again finds the same job (``--retry`` numbers a new attempt).
+
+The job starts the entry script through NVIDIA's entrypoint (``/opt/nvidia/nvidia_entrypoint.sh``,
+which the SageMaker Triton image inherits from NGC's): it loads the image's CUDA forward
+compatibility libraries when the host's driver is older than the image's CUDA, which a bare
+``python3`` entrypoint would lose. AWS documents no NVIDIA driver for training hosts, so the
+image's CUDA is checked only as far as it can be (``mme.hosts.check_training_host``): a warning,
+never a refusal.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from mme.aws.images import check_image_uri, triton_image_uri
 from mme.aws.session import S3Uri, check_bucket, check_instance_type, check_role_arn, enum_values
 from mme.aws.state import DEFAULT_COMPILE_DIR, StateDir
 from mme.fsutil import sha256_of
+from mme.hosts import check_training_host, training_warning
 from mme.progress import Reporter
 from mme.versions import release as triton_release, require_sagemaker_image
 from packager.compat import check_release_on_gpu
@@ -26,6 +34,10 @@ from packager.manifest import Manifest
 from serving.instances import instance_gpu
 
 ENTRY_SCRIPT = Path(__file__).with_name("trt_build_entry.py")
+# NVIDIA's entrypoint wrapper in NGC images (and so in SageMaker's Triton images, built FROM
+# nvcr.io/nvidia/tritonserver:<release>-py3-min: triton-inference-server/server build.py): it sources
+# /opt/nvidia/entrypoint.d/* (CUDA compatibility set-up) and then execs its arguments.
+NVIDIA_ENTRYPOINT = "/opt/nvidia/nvidia_entrypoint.sh"
 CODE_DIR = "/opt/ml/input/data/code"
 TAGS = ({"Key": "created-by", "Value": "mme-toolkit"},)
 ONNX_FILE = "model.onnx"
@@ -153,11 +165,13 @@ class CompilePlan:
     max_batch_size: int
     precision: str
     fp16_graph: bool = False  # the job builds from an FP16 ONNX graph converted here (TensorRT 11)
+    host_line: str = ""  # what is known of the training host's driver (mme.hosts.HostVerdict.line)
 
     def lines(self) -> list[str]:
         head = [
             f"compile plan: TensorRT plan on {self.instance_type} in {self.region} (training job {self.job_name})",
             f"  image:   {self.image_uri}",
+            *([f"  {self.host_line}"] if self.host_line else []),
             f"  inputs:  {self.input_uri}{ONNX_FILE}, {self.code_uri}{ENTRY_SCRIPT.name}, {self.code_uri}{BUILD_CONFIG}",
             f"  output:  {self.output_uri}{self.job_name}/output/model.tar.gz -> {self.out_dir}",
             f"  state:   {self.state_path}",
@@ -182,7 +196,7 @@ def _job_request(name: str, request: CompileRequest, image: str, input_uri: str,
         "AlgorithmSpecification": {
             "TrainingImage": image,
             "TrainingInputMode": "File",
-            "ContainerEntrypoint": ["python3", f"{CODE_DIR}/{ENTRY_SCRIPT.name}"],
+            "ContainerEntrypoint": [NVIDIA_ENTRYPOINT, "python3", f"{CODE_DIR}/{ENTRY_SCRIPT.name}"],
             "ContainerArguments": [f"{CODE_DIR}/{BUILD_CONFIG}"],
         },
         "InputDataConfig": [channel("model", input_uri), channel("code", code_uri)],
@@ -220,6 +234,11 @@ def plan_compile(request: CompileRequest, region: str, s3: Any, store: StateDir,
     gpu = instance_gpu(request.instance_type)
     check_release_on_gpu(rel, gpu.compute_capability, gpu.describe(request.instance_type))
     image = request.image_uri or triton_image_uri(region, rel.name)
+    own = f"your image {request.image_uri}" if request.image_uri else f"release {rel.name}"
+    host = check_training_host(None if request.image_uri else rel.cuda, request.instance_type, image=own)
+    warning = training_warning(host)
+    if warning:
+        reporter.warn(warning)
     # TensorRT 11 has no FP16 flag: the job builds FP16 from an FP16 graph, converted here.
     fp16_graph = request.precision == "fp16" and (tensorrt_major(rel.tensorrt) or 0) >= 11
     base = job_base_name(artifact.model, request.instance_type, artifact.sha256, request.precision)
@@ -248,4 +267,5 @@ def plan_compile(request: CompileRequest, region: str, s3: Any, store: StateDir,
         build_config=build_config, create_training_job=_job_request(name, request, image, input_uri, code_uri, output_uri),
         out_dir=Path(request.out) if request.out else artifact.directory.parent / "tensorrt",
         state_path=store.path(base), max_batch_size=max_batch, precision=request.precision, fp16_graph=fp16_graph,
+        host_line=host.line(),
     )

@@ -106,7 +106,8 @@ def register_push(subparsers: Any) -> None:
     p.add_argument("--dry-run", action="store_true", help="print what would be uploaded, copied and skipped; write nothing")
     p.add_argument("--allow-random-weights", action="store_true", help="push an artifact packaged with random weights (load tests)")
     p.add_argument("--instance-type", help="check the artifact loads on this instance type's GPU (TensorRT plans: "
-                   "the compute capability they were built for)")
+                   "the compute capability they were built for) and that a SageMaker host image's NVIDIA driver "
+                   "there runs its release's CUDA")
     p.add_argument("--image-uri", help="the image you will serve with, for a release AWS publishes no SageMaker image "
                    "for (recorded; mme deploy uses it)")
     p.add_argument("--multipart-threshold", type=byte_size, default=64 << 20, help="multipart upload above this size (64M)")
@@ -171,6 +172,11 @@ def register_deploy(subparsers: Any) -> None:
     p.add_argument("--triton-release", help="release of mme/versions.toml for the image (default: the pushed artifacts')")
     p.add_argument("--name", help="endpoint name (default: mme-<last prefix segment>); model and config get -model / -config")
     p.add_argument("--instance-count", type=positive_int, default=1, help="instances behind the endpoint (default: 1)")
+    p.add_argument("--inference-ami-version", metavar="NAME",
+                   help="the variant's host image, which decides its NVIDIA driver: one of botocore's "
+                   "ProductionVariantInferenceAmiVersion values (see mme/hosts.toml; e.g. "
+                   "al2023-ami-sagemaker-inference-gpu-4-1: driver 580, CUDA 13.0). Default: the one the image's CUDA "
+                   "needs when the instance family's default host cannot start it, else none")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra container environment (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="check everything and print the exact requests; create nothing")
     p.add_argument("--no-wait", dest="wait", action="store_false", help="return once creation has started")
@@ -190,7 +196,7 @@ def run_deploy(args: argparse.Namespace) -> int:
         triton_release=args.triton_release, name=args.name, region=args.region, target=args.target,
         instance_count=args.instance_count, environment=deploy.parse_env(args.env), wait=args.wait,
         timeout_s=args.timeout, poll_interval_s=args.poll_interval, state_dir=Path(args.state_dir),
-        s3_endpoint_url=args.s3_endpoint_url, dry_run=args.dry_run,
+        s3_endpoint_url=args.s3_endpoint_url, dry_run=args.dry_run, inference_ami_version=args.inference_ami_version,
     )
     deploy.check_request(request)  # before any AWS call
     reporter = Reporter(quiet=args.quiet)
@@ -318,7 +324,8 @@ def register_compile(subparsers: Any) -> None:
     p.add_argument("--artifact", required=True, help="artifacts/<model>/onnx made by 'mme package --formats onnx'")
     p.add_argument("--s3", required=True, metavar="URI", help="working prefix for the job's inputs and output")
     p.add_argument("--role", required=True, metavar="ARN", help="SageMaker execution role")
-    p.add_argument("--image-uri", help="build image (default: the SageMaker Triton image of the artifact's release)")
+    p.add_argument("--image-uri", help="build image (default: the SageMaker Triton image of the artifact's release); an "
+                   "NVIDIA (NGC-based) image: the job starts through its /opt/nvidia/nvidia_entrypoint.sh")
     p.add_argument("--triton-release", help="release of mme/versions.toml (default: the artifact's)")
     p.add_argument("--precision", choices=("fp32", "tf32", "fp16"), default="fp16",
                    help="fp32 (TF32 off), tf32, or fp16 (default: %(default)s)")

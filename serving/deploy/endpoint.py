@@ -4,8 +4,10 @@ in ``serving.deploy.delete``; the three resources' calls in ``serving.deploy.res
 Deploy = CreateModel (``Mode: MultiModel`` with the S3 prefix as ``ModelDataUrl``, or one
 tarball for ``--mode single``) -> CreateEndpointConfig (one variant) -> CreateEndpoint ->
 wait for ``InService``. Everything that can be checked is checked before the first create
-call: instance type and role ARN against botocore's service model, region, credentials,
-bucket, the tarballs under the prefix, the image. Names are derived from the S3 prefix
+call: instance type, role ARN and InferenceAmiVersion against botocore's service model, region,
+credentials, bucket, the tarballs under the prefix, the image, and the image's CUDA against the
+host's NVIDIA driver (``mme.hosts``): the variant gets the ``InferenceAmiVersion`` the image
+needs when the instance family's default host cannot start it. Names are derived from the S3 prefix
 unless ``--name`` is given, so the same command run twice finds what the first run made
 and goes on from there instead of creating duplicates.
 """
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from mme.hosts import AMI_OPTION, FORWARD, HostVerdict, check_host, nvidia_amis, require_starts
 from mme.polling import poll_until
 from mme.progress import Reporter
 from mme.versions import release as triton_release, require_sagemaker_image
@@ -60,6 +63,7 @@ class DeployRequest:
     state_dir: Path = DEFAULT_DEPLOYMENTS_DIR
     s3_endpoint_url: str | None = None
     dry_run: bool = False
+    inference_ami_version: str | None = None  # the variant's host image (default: the one the image needs, if any)
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ class DeployPlan(DeploymentSpec):
     create_endpoint: dict
     state_path: Path
     s3_endpoint_url: str | None = None
+    host_line: str = ""  # which host image the variant runs on, and why (mme.hosts.HostVerdict.line)
 
     def requests(self) -> dict[str, dict]:
         return {
@@ -91,6 +96,8 @@ class DeployPlan(DeploymentSpec):
             f"  image:      {self.image_uri}",
             f"  state file: {self.state_path}",
         ]
+        if self.host_line:
+            head.insert(3, f"  {self.host_line}")
         body = json.dumps(self.requests(), indent=2).splitlines()
         return head + ["  requests, in order:"] + ["  " + line for line in body]
 
@@ -149,6 +156,8 @@ def check_request(request: DeployRequest) -> None:
         check_name(request.name)
     if request.image_uri is not None:
         check_image_uri(request.image_uri)
+    if request.inference_ami_version is not None:
+        check_ami_version(request.inference_ami_version)
     if request.instance_count < 1:
         raise DeployError(f"--instance-count must be 1 or more (got {request.instance_count})")
     if not request.timeout_s > 0 or not request.poll_interval_s > 0:
@@ -156,6 +165,37 @@ def check_request(request: DeployRequest) -> None:
     if len(request.environment) > 100:
         raise DeployError("at most 100 --env entries fit in a SageMaker container's environment")
     split_s3(request.s3, request.mode)
+
+
+def check_ami_version(name: str) -> str:
+    """An InferenceAmiVersion botocore's SageMaker model knows (ProductionVariantInferenceAmiVersion)."""
+    from mme.aws.session import enum_values
+
+    known = enum_values("ProductionVariantInferenceAmiVersion")
+    if name not in known:
+        raise DeployError(f"{AMI_OPTION} {name!r} is not a host image SageMaker knows; choose one of: {', '.join(known)}")
+    return name
+
+
+def check_host_for_endpoint(rel: Any, instance_type: str, ami: str | None, own_image: str | None,
+                            reporter: Reporter) -> HostVerdict:
+    """The image's CUDA against the NVIDIA driver of the host the endpoint gets (the AMI given, or
+    the instance family's default host, or the AMI the image needs): refuse in one line what cannot
+    start; warn where it cannot be checked (the user's own image) or starts only by forward
+    compatibility."""
+    image = f"your image {own_image}" if own_image else f"release {rel.name}"
+    verdict = require_starts(check_host(None if own_image else rel.cuda, instance_type, ami, image=image))
+    if verdict.starts is None and own_image:
+        newest = nvidia_amis()[-1]
+        hint = "" if ami else f"; pass {AMI_OPTION} (e.g. {newest.ami}: {newest.specs})"
+        reporter.warn(f"{verdict.reason}: if it was built for a newer CUDA than that host's driver runs, the endpoint "
+                      f"fails to start{hint}")
+    elif verdict.starts is None:
+        reporter.warn(verdict.reason)
+    elif verdict.how == FORWARD:
+        reporter.warn(f"{verdict.reason}: it starts only if the image keeps NVIDIA's entrypoint"
+                      + (f"; {verdict.alternative} runs it without" if verdict.alternative else ""))
+    return verdict
 
 
 # --- checks against AWS (reads only) ---------------------------------------------------
@@ -230,6 +270,7 @@ def plan_deploy(request: DeployRequest, session: Any, s3: Any, reporter: Reporte
     require_sagemaker_image(rel, own_image, "deploy it")
     image = own_image or triton_image_uri(region, rel.name)
     check_engine_for_endpoint(metadata, rel, request.instance_type, own_image is not None)
+    host = check_host_for_endpoint(rel, request.instance_type, request.inference_ami_version, own_image, reporter)
     default_base = uri.prefix.rstrip("/").rsplit("/", 1)[-1] or uri.bucket
     if request.mode == SINGLE and target:
         default_base = target[: -len(".tar.gz")]
@@ -247,6 +288,12 @@ def plan_deploy(request: DeployRequest, session: Any, s3: Any, reporter: Reporte
     if env:
         container["Environment"] = env
     model_name, config_name = f"{name}-model", f"{name}-config"
+    variant: dict[str, Any] = {
+        "VariantName": VARIANT, "ModelName": model_name, "InstanceType": request.instance_type,
+        "InitialInstanceCount": request.instance_count, "InitialVariantWeight": 1.0,
+    }
+    if host.ami:
+        variant["InferenceAmiVersion"] = host.ami
     return DeployPlan(
         endpoint=name, endpoint_config=config_name, model=model_name, region=region, mode=request.mode,
         s3_uri=uri.url(), model_data_url=model_data_url, instance_type=request.instance_type, image_uri=image,
@@ -254,15 +301,12 @@ def plan_deploy(request: DeployRequest, session: Any, s3: Any, reporter: Reporte
                       "Tags": [dict(t) for t in TAGS]},
         create_endpoint_config={
             "EndpointConfigName": config_name,
-            "ProductionVariants": [{
-                "VariantName": VARIANT, "ModelName": model_name, "InstanceType": request.instance_type,
-                "InitialInstanceCount": request.instance_count, "InitialVariantWeight": 1.0,
-            }],
+            "ProductionVariants": [variant],
             "Tags": [dict(t) for t in TAGS],
         },
         create_endpoint={"EndpointName": name, "EndpointConfigName": config_name, "Tags": [dict(t) for t in TAGS]},
         state_path=DeploymentStore(request.state_dir).path(name),
-        s3_endpoint_url=request.s3_endpoint_url,
+        s3_endpoint_url=request.s3_endpoint_url, host_line=host.line(),
     )
 
 

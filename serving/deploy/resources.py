@@ -61,7 +61,7 @@ MODEL = SageMakerResource(
 ENDPOINT_CONFIG = SageMakerResource(
     "endpoint-config", "endpoint config", "EndpointConfigName", "describe_endpoint_config", "create_endpoint_config",
     "delete_endpoint_config", "sagemaker:CreateEndpointConfig", "sagemaker:DeleteEndpointConfig",
-    ("ModelName", "InstanceType"), _first_variant,
+    ("ModelName", "InstanceType", "InferenceAmiVersion"), _first_variant,
 )
 ENDPOINT = SageMakerResource(
     "endpoint", "endpoint", "EndpointName", "describe_endpoint", "create_endpoint", "delete_endpoint",

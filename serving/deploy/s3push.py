@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mme.fsutil import sha256_of
+from mme.hosts import HostVerdict, check_host, require_starts
 from mme.progress import Reporter
 from mme.versions import release as triton_release, require_sagemaker_image
 from mme.aws.errors import AwsError, RandomWeightsRefused
@@ -228,6 +229,20 @@ def execute_push(s3: Any, plan: PushPlan, settings: TransferSettings, reporter: 
     return PushResult(plan, tuple(uploaded), tuple(copied), skipped, time.perf_counter() - start, tuple(verified))
 
 
+def check_push_host(rel: Any, instance_type: str | None, image_uri: str | None, reporter: Reporter) -> HostVerdict | None:
+    """With --instance-type: the release's CUDA against the NVIDIA drivers SageMaker offers that
+    instance type (its default host, or an InferenceAmiVersion, which mme deploy sets): refuse what
+    no host image starts; warn where the image is the user's own (CUDA unknown)."""
+    if not instance_type:
+        return None
+    image = f"your image {image_uri}" if image_uri else f"release {rel.name}"
+    verdict = require_starts(check_host(None if image_uri else rel.cuda, instance_type, None, image=image),
+                             option="mme deploy --inference-ami-version")
+    if verdict.starts is None:
+        reporter.warn(f"{verdict.reason}; mme deploy --inference-ami-version picks a host image with a newer driver")
+    return verdict
+
+
 @dataclass(frozen=True)
 class PushRequest:
     artifact: Path
@@ -247,7 +262,9 @@ def push(s3: Any, request: PushRequest, reporter: Reporter, hooks: TransferHooks
         raise AwsError(f"--copies must be 0 or more (got {request.copies})")
     artifact = load_artifact(request.artifact, request.allow_random_weights, reporter,
                              instance_type=request.instance_type, image_uri=request.image_uri)
-    require_sagemaker_image(triton_release(artifact.triton_release), request.image_uri, "serve what you push")
+    rel = triton_release(artifact.triton_release)
+    require_sagemaker_image(rel, request.image_uri, "serve what you push")
+    host = check_push_host(rel, request.instance_type, request.image_uri, reporter)
     if artifact.format == "cpu-local":
         reporter.warn(
             "the cpu-local format runs ONNX Runtime inside Triton's python backend, which the SageMaker Triton "
@@ -256,6 +273,8 @@ def push(s3: Any, request: PushRequest, reporter: Reporter, hooks: TransferHooks
     plan = plan_push(s3, artifact, request.destination, request.copies)
     for line in plan.lines():
         out(line)
+    if host is not None:
+        out(f"  {host.line()}")
     if plan.stale:
         reporter.warn(
             f"{len(plan.stale)} copies from an earlier push lie beyond --copies {request.copies} "

@@ -68,7 +68,9 @@ def test_plan_builds_a_valid_training_job_request(s3env, onnx_artifact, tmp_path
     assert request["ResourceConfig"]["InstanceType"] == "ml.g5.2xlarge"
     release = artifact.manifest.triton.release
     assert request["AlgorithmSpecification"]["TrainingImage"].endswith(f"/sagemaker-tritonserver:{release}-py3")
-    assert request["AlgorithmSpecification"]["ContainerEntrypoint"] == ["python3", "/opt/ml/input/data/code/trt_build_entry.py"]
+    # NVIDIA's entrypoint first: it sets up the image's CUDA forward compatibility, then execs the rest
+    assert request["AlgorithmSpecification"]["ContainerEntrypoint"] == [
+        "/opt/nvidia/nvidia_entrypoint.sh", "python3", "/opt/ml/input/data/code/trt_build_entry.py"]
     channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in request["InputDataConfig"]}
     assert channels == {"model": plan.input_uri, "code": plan.code_uri}
     assert plan.input_uri.startswith(f"s3://{s3env.bucket}/work/compile/{plan.job_base}/")
@@ -76,6 +78,28 @@ def test_plan_builds_a_valid_training_job_request(s3env, onnx_artifact, tmp_path
         "min": {"pixel_values": [1, 3, 160, 160]}, "opt": {"pixel_values": [8, 3, 160, 160]}, "max": {"pixel_values": [16, 3, 160, 160]}}
     assert plan.job_name == plan.job_base + "-1" and len(plan.job_name) <= 63
     assert s3env.calls.writes == 0, "planning writes nothing"
+
+
+def test_plan_says_what_is_known_of_the_training_host_and_warns_without_refusing(s3env, onnx_artifact, tmp_path):
+    request = CompileRequest(artifact=onnx_artifact, s3=f"s3://{s3env.bucket}/work", instance_type="ml.g5.2xlarge",
+                             role_arn=ROLE, state_dir=tmp_path / "compile-state")
+    stream = io.StringIO()
+    plan = plan_compile(request, "us-east-1", s3env.client, StateDir(request.state_dir, "compile job"),
+                        load_onnx_artifact(onnx_artifact), Reporter(stream=stream))
+    rel = triton_release(plan.release)
+    host = next(line for line in plan.lines() if line.startswith("  host: "))
+    assert host.startswith("  host: training host of ml.g5: AWS documents no NVIDIA driver for training hosts")
+    assert f"release {rel.name} needs CUDA {rel.cuda}" in host and "NVIDIA's entrypoint, which the job keeps" in host
+    warnings = [line for line in stream.getvalue().splitlines() if line.startswith("WARNING:")]
+    assert len(warnings) == 1 and "ml.g5's default host (driver 470, CUDA 11.4) for inference could not run it" in warnings[0]
+    assert "--triton-release" in warnings[0]
+    # a release the family's inference hosts run: nothing to warn about
+    quiet = io.StringIO()
+    plan_compile(CompileRequest(artifact=onnx_artifact, s3=request.s3, instance_type="ml.g5.2xlarge", role_arn=ROLE,
+                                state_dir=request.state_dir, triton_release="22.10"),
+                 "us-east-1", s3env.client, StateDir(request.state_dir, "compile job"), load_onnx_artifact(onnx_artifact),
+                 Reporter(stream=quiet))
+    assert "WARNING" not in quiet.getvalue()
 
 
 def test_dynamic_axes_take_their_maximum_from_the_manifest():

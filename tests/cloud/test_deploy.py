@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 
 import pytest
 
+from mme.hosts import HostDriverError
 from mme.progress import Reporter
 from serving.deploy import endpoint as deploy
 from serving.deploy.delete import plan_delete, run_delete
@@ -31,7 +32,8 @@ def pushed(s3env):
 
 
 def _plan(s3env, uri, tmp_path, **overrides):
-    request = deploy.DeployRequest(s3=uri, instance_type="ml.g5.2xlarge", role_arn=ROLE, state_dir=tmp_path / "state", **overrides)
+    options = {"instance_type": "ml.g5.2xlarge", **overrides}
+    request = deploy.DeployRequest(s3=uri, role_arn=ROLE, state_dir=tmp_path / "state", **options)
     return deploy.plan_deploy(request, boto3_session(), s3env.client, Reporter(quiet=True))
 
 
@@ -260,6 +262,8 @@ def test_existing_endpoint_that_failed_or_is_being_deleted_is_not_carried_on(s3e
     ("--instance-type", "g5.2xlarge", "is not an instance type SageMaker knows"),
     ("--role", "SageMakerExecution", "is not an IAM role ARN"),
     ("--role", "arn:aws:iam::12345:role/x", "is not an IAM role ARN"),
+    ("--inference-ami-version", "al2-ami-sagemaker-inference-gpu-9",
+     "is not a host image SageMaker knows; choose one of: al2-ami-sagemaker-inference-gpu-2, "),
 ])
 def test_bad_instance_type_or_role_rejected_before_any_call(run_cli, aws_env, monkeypatch, tmp_path, option, value, message):
     import boto3
@@ -354,3 +358,94 @@ def test_unknown_region_for_the_image_asks_for_image_uri():
     with pytest.raises(AwsError, match="pass --image-uri"):
         triton_image_uri("mars-north-1", "24.09")
     assert triton_image_uri("cn-north-1", "24.09").endswith(".amazonaws.com.cn/sagemaker-tritonserver:24.09-py3")
+
+
+# -- the host's NVIDIA driver -----------------------------------------------------------------
+
+G21, G41 = "al2-ami-sagemaker-inference-gpu-2-1", "al2023-ami-sagemaker-inference-gpu-4-1"
+
+
+def _push_release(s3env, release, prefix="mme/h"):
+    s3env.client.put_object(Bucket=s3env.bucket, Key=f"{prefix}/r50.tar.gz", Body=b"tarball",
+                            Metadata={"sha256": "x", "mme-model": "r50", "mme-format": "onnx", "mme-triton-release": release})
+    return f"s3://{s3env.bucket}/{prefix}"
+
+
+def test_deploy_sets_the_inference_ami_the_release_needs_and_the_request_validates(s3env, tmp_path, stubbed, fake_clock):
+    uri = _push_release(s3env, "25.09")
+    plan = _plan(s3env, uri, tmp_path)
+    variant = plan.create_endpoint_config["ProductionVariants"][0]
+    assert variant["InferenceAmiVersion"] == G41  # ml.g5's default host has driver 470; CUDA 13.0 needs 580
+    assert plan.lines()[3] == (
+        "  host: al2023-ami-sagemaker-inference-gpu-4-1 (driver 580, CUDA 13.0): release 25.09 needs CUDA 13.0.1, "
+        "which driver 580 runs natively; InferenceAmiVersion set because ml.g5's default host (driver 470, CUDA 11.4) "
+        "cannot start it")
+    sm, stub = stubbed("sagemaker")
+    _expect_creates(stub, plan)  # the Stubber validates each request against botocore's service model
+    stub.add_response("describe_endpoint", _endpoint("InService", name=plan.endpoint, config=plan.endpoint_config),
+                      {"EndpointName": plan.endpoint})
+    clock = fake_clock()
+    state = deploy.run_deploy(plan, sm, DeploymentStore(tmp_path / "state"), Reporter(quiet=True),
+                              sleep=clock.sleep, clock=clock.clock)
+    stub.assert_no_pending_responses()
+    assert state.status == "InService"
+    # a release the default host runs needs none: 22.10 (CUDA 11.8) on driver 470 by minor-version compatibility
+    old = _plan(s3env, _push_release(s3env, "22.10", "mme/old"), tmp_path)
+    assert "InferenceAmiVersion" not in old.create_endpoint_config["ProductionVariants"][0]
+    assert old.lines()[3].startswith("  host: ml.g5's default host (driver 470, CUDA 11.4): release 22.10 needs CUDA 11.8.0")
+
+
+def test_inference_ami_version_chosen_by_the_user_is_set_or_refused_in_one_line(s3env, tmp_path, run_cli, monkeypatch):
+    uri = _push_release(s3env, "22.10")
+    given = _plan(s3env, uri, tmp_path, inference_ami_version=G21)
+    assert given.create_endpoint_config["ProductionVariants"][0]["InferenceAmiVersion"] == G21
+    assert given.lines()[3].endswith("release 22.10 needs CUDA 11.8.0, which driver 535 runs natively")
+    with pytest.raises(HostDriverError, match="driver 535 does not support ml.p6-b200's B200 .*; pass --inference-ami-version al2023"):
+        _plan(s3env, uri, tmp_path, instance_type="ml.p6-b200.48xlarge", inference_ami_version=G21)
+
+    import boto3
+
+    created: list[str] = []
+    real = boto3.session.Session.client
+    monkeypatch.setattr(boto3.session.Session, "client",
+                        lambda self, service, *a, **k: created.append(service) or real(self, service, *a, **k))
+    code, out, err = run_cli("deploy", "--s3", uri, "--instance-type", "ml.g5.2xlarge", "--role", ROLE, "--dry-run",
+                             "--inference-ami-version", "al2-ami-sagemaker-inference-neuron-2",
+                             "--state-dir", str(tmp_path / "s"), "--endpoint-url", s3env.url)
+    assert code == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err
+    assert "al2-ami-sagemaker-inference-neuron-2 is a host image for neuron accelerators" in err
+    assert f"pass --inference-ami-version {G21} (driver 535, CUDA 12.2)" in err
+    assert "sagemaker" not in created
+
+
+def test_deploy_warns_instead_of_refusing_an_image_of_unknown_cuda_and_skips_cpu_instances(s3env, tmp_path):
+    uri = _push_release(s3env, "25.09")
+    stream = io.StringIO()
+    request = deploy.DeployRequest(s3=uri, instance_type="ml.g5.2xlarge", role_arn=ROLE, state_dir=tmp_path / "state",
+                                   image_uri="123456789012.dkr.ecr.us-east-1.amazonaws.com/mine:1")
+    plan = deploy.plan_deploy(request, boto3_session(), s3env.client, Reporter(stream=stream))
+    assert "InferenceAmiVersion" not in plan.create_endpoint_config["ProductionVariants"][0]
+    warning = stream.getvalue()
+    assert warning.startswith("WARNING: ml.g5's default host (driver 470, CUDA 11.4): the CUDA of your image "
+                              "123456789012.dkr.ecr.us-east-1.amazonaws.com/mine:1 is unknown")
+    assert f"pass --inference-ami-version (e.g. {G41}: driver 580, CUDA 13.0)" in warning
+    cpu = _plan(s3env, uri, tmp_path, instance_type="ml.m5.xlarge")
+    assert "InferenceAmiVersion" not in cpu.create_endpoint_config["ProductionVariants"][0]
+    assert cpu.lines()[3] == "  host: ml.m5.xlarge has no NVIDIA GPU: no driver to check"
+
+
+def test_an_existing_endpoint_config_without_the_ami_is_a_conflict(s3env, tmp_path, stubbed):
+    plan = _plan(s3env, _push_release(s3env, "25.09"), tmp_path)
+    sm, stub = stubbed("sagemaker")
+    stub.add_response("describe_model", {"ModelName": plan.model, "ModelArn": f"{ARN}:model/{plan.model}",
+                                         "CreationTime": NOW, "PrimaryContainer": plan.create_model["PrimaryContainer"]},
+                      {"ModelName": plan.model})
+    variant = {k: v for k, v in plan.create_endpoint_config["ProductionVariants"][0].items() if k != "InferenceAmiVersion"}
+    stub.add_response("describe_endpoint_config", {
+        "EndpointConfigName": plan.endpoint_config, "EndpointConfigArn": f"{ARN}:endpoint-config/x", "CreationTime": NOW,
+        "ProductionVariants": [variant]}, {"EndpointConfigName": plan.endpoint_config})
+    with pytest.raises(DeployError) as caught:
+        deploy.run_deploy(plan, sm, DeploymentStore(tmp_path / "state"), Reporter(quiet=True))
+    assert str(caught.value) == (
+        f"endpoint config {plan.endpoint_config} already exists with InferenceAmiVersion None (this deploy wants {G41}); "
+        f"remove it with 'mme delete --endpoint {plan.endpoint}' or choose another --name")

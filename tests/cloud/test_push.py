@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from mme import versions
 from mme.fsutil import sha256_of
 from mme.progress import Reporter
 from packager.manifest import Manifest
 from mme.aws.errors import RandomWeightsRefused, VerificationError
+from mme.errors import MmeError
 from mme.aws.images import triton_image_uri
 from mme.aws.s3 import TransferHooks, TransferSettings
 from serving.deploy.s3push import PushRequest, push
@@ -168,6 +170,41 @@ def test_stale_copies_beyond_copies_are_reported(s3env, artifact):
     assert "2 copies from an earlier push" in stream.getvalue()
 
 
+def test_push_with_an_instance_type_says_which_host_image_runs_the_release(s3env, artifact):
+    lines: list[str] = []
+    stream = __import__("io").StringIO()
+    request = PushRequest(artifact, S3Uri.parse(f"s3://{s3env.bucket}/h"), allow_random_weights=True, dry_run=True,
+                          instance_type="ml.g5.2xlarge")
+    push(s3env.client, request, Reporter(stream=stream), out=lines.append)
+    host = next(line for line in lines if line.startswith("  host: "))
+    assert host.startswith("  host: al2023-ami-sagemaker-inference-gpu-4-1 (driver 580, CUDA 13.0): release 25.09")
+    assert "CUDA" not in stream.getvalue(), "a release whose CUDA is known and runs there is not warned about"
+    # the user's own image: its CUDA is unknown, so a warning instead of a refusal
+    own = PushRequest(artifact, S3Uri.parse(f"s3://{s3env.bucket}/h"), allow_random_weights=True, dry_run=True,
+                      instance_type="ml.g5.2xlarge", image_uri="123456789012.dkr.ecr.us-east-1.amazonaws.com/mine:1")
+    warned = __import__("io").StringIO()
+    push(s3env.client, own, Reporter(stream=warned), out=lines.append)
+    assert "the CUDA of your image 123456789012.dkr.ecr.us-east-1.amazonaws.com/mine:1 is unknown" in warned.getvalue()
+    assert "mme deploy --inference-ami-version" in warned.getvalue()
+    assert s3env.calls.writes == 0
+
+
+def test_push_refuses_a_release_no_sagemaker_host_image_starts(monkeypatch, artifact):
+    from serving.deploy import s3push
+
+    future = versions.Release("27.01", "nvcr.io/nvidia/tritonserver:27.01-py3", "sagemaker-tritonserver:27.01-py3",
+                              "2.80.0", cuda="14.0.0", sagemaker=True)
+    with pytest.raises(MmeError) as info:
+        s3push.check_push_host(future, "ml.g5.2xlarge", None, Reporter(quiet=True))
+    message = str(info.value)
+    assert "\n" not in message and "release 27.01 needs CUDA 14.0.0" in message
+    assert "no InferenceAmiVersion runs it natively or by minor-version compatibility" in message
+    assert message.endswith("compatibility (newest: al2023-ami-sagemaker-inference-gpu-4-1 (driver 580, CUDA 13.0)); "
+                            "package for a release whose CUDA it runs (--triton-release 22.10)")
+    assert s3push.check_push_host(future, None, None, Reporter(quiet=True)) is None  # no --instance-type: no check
+    assert s3push.check_push_host(future, "ml.c5.xlarge", None, Reporter(quiet=True)).how == "no NVIDIA GPU"
+
+
 def test_cli_push_then_deploy_dry_run_prints_the_exact_plan(s3env, artifact, run_cli, tmp_path, monkeypatch):
     import boto3
 
@@ -199,6 +236,13 @@ def test_cli_push_then_deploy_dry_run_prints_the_exact_plan(s3env, artifact, run
     image = triton_image_uri("us-east-1", release)  # the pushed artifacts' release, from their metadata
     assert image.startswith("763104351884.dkr.ecr.us-east-1.amazonaws.com/sagemaker-tritonserver:")
     assert lines[2] == f"  image:      {image}"
+    # the release's CUDA against ml.g5's host: its default host (driver 470) cannot start it, so the
+    # variant gets the host image that can, and the plan says which and why in one line
+    cuda = versions.release(release).cuda
+    assert release == versions.default_release_name() == "25.09"
+    assert lines[3] == (f"  host: al2023-ami-sagemaker-inference-gpu-4-1 (driver 580, CUDA 13.0): release {release} needs "
+                        f"CUDA {cuda}, which driver 580 runs natively; InferenceAmiVersion set because ml.g5's default "
+                        "host (driver 470, CUDA 11.4) cannot start it")
     start = lines.index("  requests, in order:") + 1
     requests = json.loads("\n".join(lines[start:-1]))
     assert lines[-1] == "dry run: nothing was created"
@@ -210,7 +254,8 @@ def test_cli_push_then_deploy_dry_run_prints_the_exact_plan(s3env, artifact, run
     assert requests["CreateModel"]["ExecutionRoleArn"] == "arn:aws:iam::123456789012:role/SageMakerExecution"
     variant = requests["CreateEndpointConfig"]["ProductionVariants"]
     assert variant == [{"VariantName": "AllTraffic", "ModelName": "mme-resnet-model", "InstanceType": "ml.g5.2xlarge",
-                        "InitialInstanceCount": 1, "InitialVariantWeight": 1.0}]
+                        "InitialInstanceCount": 1, "InitialVariantWeight": 1.0,
+                        "InferenceAmiVersion": "al2023-ami-sagemaker-inference-gpu-4-1"}]
     assert requests["CreateEndpoint"]["EndpointConfigName"] == "mme-resnet-config"
     _validate_against_service_model(requests)
 

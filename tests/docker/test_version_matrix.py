@@ -1,6 +1,7 @@
 """mme/versions.toml: one row per release with every field; the default release is the
-newest SageMaker serves and its TensorRT is the gpu extra's; releases without a SageMaker
-image are refused for SageMaker; the loader's API (release(), Release.to_dict()) still works."""
+newest SageMaker serves whose CUDA a SageMaker host image runs natively, and its TensorRT is the
+gpu extra's; releases without a SageMaker image are refused for SageMaker; the loader's API
+(release(), Release.to_dict()) still works."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from packager.formats.onnx_format import MIN_OPSET
 from tests.docker.conftest import REPO
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+# Releases whose Triton is built on an earlier month's NGC containers (server rYY.MM build.py
+# upstream_container_version).
+UPSTREAM = {"26.05": "26.04"}
 
 
 def gpu_extra_pin(prefix: str) -> str:
@@ -41,20 +45,36 @@ def test_every_release_records_every_field(rel):
     assert re.fullmatch(r"\d+\.\d+\.\d+\w*(\+\w+)?", rel.torch) and re.fullmatch(r"\d+\.\d+\.\d+\w*", rel.torch_tensorrt)
     month = rel.name
     assert rel.triton_container == f"nvcr.io/nvidia/tritonserver:{month}-py3"
-    assert rel.pytorch_container == f"nvcr.io/nvidia/pytorch:{month}-py3"  # same month: same TensorRT
+    # The PyTorch image Triton's build takes its libtorch (and TensorRT) from: the same month, or
+    # the upstream month its build.py names (r26.05 builds on 26.04's containers).
+    assert rel.pytorch_container == f"nvcr.io/nvidia/pytorch:{UPSTREAM.get(month, month)}-py3"
     assert rel.sagemaker_image.endswith(f":{month}-py3")
     assert re.fullmatch(r"2\.\d+\.\d+", rel.triton_server)
     assert re.fullmatch(r"\d+\.\d+(\.\d+){0,2}", rel.tensorrt)
     assert re.fullmatch(r"\d+\.\d+\.\d+", rel.cuda)
     assert re.fullmatch(r"3\.\d+", rel.python)
     assert isinstance(rel.onnx_opset, int) and rel.onnx_opset >= MIN_OPSET
+    assert re.fullmatch(r"\d{3}\.\d+\.\d+", rel.min_driver)
 
 
-def test_default_release_is_the_newest_with_a_sagemaker_image():
+def runs_natively_somewhere(rel) -> bool:
+    """Some SageMaker host image (InferenceAmiVersion) runs the release's CUDA natively."""
+    from mme.hosts import NATIVE, compat, nvidia_amis
+
+    return any(compat(rel.cuda, host, None).how == NATIVE for host in nvidia_amis())
+
+
+def test_default_release_is_the_newest_sagemaker_release_a_host_image_runs_natively():
     default = versions.release()
     assert default.sagemaker, f"the default release {default.name} has no SageMaker Triton image"
-    assert default == versions.sagemaker_releases()[0]
+    assert default == next(r for r in versions.sagemaker_releases() if runs_natively_somewhere(r))
     assert not versions.release("26.07").sagemaker  # AWS publishes no 26.07 image: self-hosted only
+    # 26.05 and 26.04 are served too, newer than the default: CUDA 13.2 runs on the newest AMI
+    # (driver 580, CUDA 13.0) only by minor-version compatibility.
+    newer = [r.name for r in versions.sagemaker_releases()][: [r.name for r in versions.sagemaker_releases()].index(default.name)]
+    assert newer == ["26.05", "26.04"] and not any(runs_natively_somewhere(versions.release(n)) for n in newer)
+    # None of the three carries TensorRT 11 (the FP16 builder flag stays): TensorRT did not decide.
+    assert all(versions.release(n).tensorrt.startswith("10.") for n in (*newer, default.name))
 
 
 def test_a_release_without_a_sagemaker_image_is_refused_unless_the_user_brings_one():
@@ -111,6 +131,7 @@ def test_same_tensorrt(a, b, same):
 def test_releases_with_tensorrt():
     assert [r.name for r in versions.releases_with_tensorrt("10.4.0.26")] == ["24.09"]
     assert [r.name for r in versions.releases_with_tensorrt("10.13.3")] == ["25.09"]
+    assert [r.name for r in versions.releases_with_tensorrt("10.15.1.29")] == ["26.05", "26.04"]  # 26.05 is built on 26.04
     assert versions.releases_with_tensorrt("9.9.9") == []
 
 
