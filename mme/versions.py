@@ -1,7 +1,8 @@
 """The version matrix (``versions.toml``): which serving release an artifact targets, and
 what runs inside it (Triton, TensorRT, CUDA, Python, the matching NGC PyTorch image with its
 torch and Torch-TensorRT), which GPUs it supports, and whether AWS publishes a SageMaker
-Triton image for it. The default release is the newest that has one.
+Triton image for it. The default release is the newest SageMaker serves whose CUDA a SageMaker
+host image runs natively (see the comment above ``default`` in versions.toml and mme/hosts.py).
 
 The Dockerfiles read the same matrix through build args::
 
@@ -18,12 +19,19 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-import tomllib
 from dataclasses import dataclass, fields
 from importlib import resources
 from typing import Sequence
 
 from mme.errors import UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10 (Ubuntu 22.04's python3, which the Makefile's Docker targets may run): tomli, where installed
+    try:
+        import tomli as tomllib
+    except ModuleNotFoundError:
+        tomllib = None
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,7 @@ class Release:
     torch_tensorrt: str | None = None  # the NGC PyTorch image's Torch-TensorRT (the runtime Triton links)
     torch_tensorrt_abi: str | None = None  # its engine ABI version: modules load only in the same ABI
     min_compute_capability: str | None = None  # the oldest GPU architecture the release supports
+    min_driver: str | None = None  # the NVIDIA driver its CUDA needs natively (mme/hosts.py: older ones by compatibility)
     sagemaker: bool = False  # AWS publishes sagemaker_image for this release
     unverified: tuple[str, ...] = ()  # fields no primary source confirmed
 
@@ -65,7 +74,7 @@ class Release:
 
 FIELDS = tuple(f.name for f in fields(Release))
 OPTIONAL_FIELDS = ("tensorrt", "cuda", "pytorch_container", "onnx_opset", "python", "torch", "torch_tensorrt",
-                   "torch_tensorrt_abi", "min_compute_capability")
+                   "torch_tensorrt_abi", "min_compute_capability", "min_driver")
 # What the builder image must carry, as the release's NGC PyTorch image ships it:
 # distribution name -> Release field (checked by `python -m mme.versions --check-installed`).
 BUILDER_STACK = {"torch": "torch", "torch-tensorrt": "torch_tensorrt", "tensorrt": "tensorrt"}
@@ -151,11 +160,13 @@ def require_sagemaker_image(rel: Release, image_uri: str | None = None, action: 
     """Refuse a release without a SageMaker Triton image unless the user brings an image."""
     if rel.sagemaker or image_uri:
         return
-    served = ", ".join(r.name for r in sagemaker_releases()[:3]) or "none"
+    served = [r.name for r in sagemaker_releases()]
+    default = default_release_name()
+    suggested = default if default in served else (served[0] if served else "none")
     raise NoSageMakerImageError(
         f"AWS publishes no SageMaker Triton image for release {rel.name} ({rel.sagemaker_image} does not exist), so "
-        f"SageMaker cannot {action}: package for a release it serves (--triton-release {served.split(',')[0]}; "
-        f"served: {served}), or pass --image-uri with your own image of Triton {rel.name} in ECR"
+        f"SageMaker cannot {action}: package for a release it serves (--triton-release {suggested}; "
+        f"served: {', '.join(served[:3]) or 'none'}), or pass --image-uri with your own image of Triton {rel.name} in ECR"
     )
 
 
@@ -267,4 +278,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if tomllib is None:
+        print(f"mme.versions: error: reading mme/versions.toml needs Python 3.11+ (tomllib) or the tomli package; "
+              f"{sys.executable} is Python {sys.version_info[0]}.{sys.version_info[1]}: run it with Python 3.11+ "
+              f"(make: PYTHON=python3.11), or {sys.executable} -m pip install --user tomli", file=sys.stderr)
+        sys.exit(2)
     sys.exit(main())

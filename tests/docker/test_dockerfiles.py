@@ -4,6 +4,7 @@ command, the builder installs like `make install`, hadolint passes, guards behav
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import re
 import subprocess
@@ -80,11 +81,20 @@ def test_builder_keeps_the_ngc_stack_and_installs_the_project_around_it(tmp_path
     runs = [i.args for i in df.final.all("RUN") if "pip install" in i.args]
     assert len(runs) == 1, "the builder installs the project in one RUN step"
     run = runs[0]
-    assert "ngc_requirements.py /opt/mme/pyproject.toml /opt/mme/constraints.txt /opt/mme/ngc" in run
-    assert "-c /opt/mme/ngc/constraints.txt -r /opt/mme/ngc/requirements.txt" in run
-    assert "--no-deps" in run and "mme_toolkit-*.whl" in run  # the project itself: no dependency may replace torch
-    assert 'python -m mme.versions --check-installed --release "${TRITON_RELEASE}"' in run
-    assert run.index("-r /opt/mme/ngc/requirements.txt") < run.index("--no-deps") < run.index("--check-installed")
+    steps = [
+        "python -m pip list --format=json > /opt/mme/ngc/base.json",  # what the NGC image ships
+        "ngc_requirements.py /opt/mme/pyproject.toml /opt/mme/constraints.txt /opt/mme/ngc --installed /opt/mme/ngc/base.json",
+        "-c /opt/mme/ngc/constraints.txt -r /opt/mme/ngc/requirements.txt",
+        "--no-deps",  # the project itself: no dependency may replace torch
+        "python -m pip list --format=json > /opt/mme/ngc/installed.json",
+        "ngc_requirements.py --check /opt/mme/ngc/base.json /opt/mme/ngc/installed.json",
+        'python -m mme.versions --check-installed --release "${TRITON_RELEASE}"',
+    ]
+    for step in steps:
+        assert step in run, step
+    assert [run.index(step) for step in steps] == sorted(run.index(step) for step in steps), "steps out of order"
+    assert "mme_toolkit-*.whl" in run
+    assert run.count(" && ") == len(steps), "each step must stop the build when it fails"
 
     script = DOCKER_DIR / "builder" / "ngc_requirements.py"
     done = subprocess.run([sys.executable, str(script), str(REPO / "pyproject.toml"), str(REPO / "constraints.txt"),
@@ -101,6 +111,104 @@ def test_builder_keeps_the_ngc_stack_and_installs_the_project_around_it(tmp_path
     kept = (tmp_path / "constraints.txt").read_text()
     assert "\ntorch==" not in kept and "\nnvidia-cublas" not in kept.lower() and "nvidia-pytriton==" in kept
     assert "numpy==" in kept
+
+
+# A base image's `pip list --format=json` (the shape pip writes; versions made up for the test):
+# numpy, protobuf, onnx and cuda-bindings at other versions than the lock's, Jinja2 at the lock's,
+# distro-info (not in the lock, and with a version pip could not parse in a constraint), NGC's stack.
+NGC_BASE = [
+    {"name": "numpy", "version": "2.1.0"}, {"name": "protobuf", "version": "4.25.3"},
+    {"name": "onnx", "version": "1.18.0"}, {"name": "cuda-bindings", "version": "13.0.1"},
+    {"name": "Jinja2", "version": "3.1.6"}, {"name": "distro-info", "version": "1.7build1"},
+    {"name": "torch", "version": "2.9.0a0+50eac811a6.nv25.9"}, {"name": "torch_tensorrt", "version": "2.9.0a0"},
+    {"name": "tensorrt", "version": "10.13.3.9"},
+]
+
+
+def run_ngc_requirements(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(DOCKER_DIR / "builder" / "ngc_requirements.py"), *args],
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def lines_of(path) -> list[str]:
+    return [line.split("#")[0].strip() for line in path.read_text().splitlines() if line.split("#")[0].strip()]
+
+
+def test_the_builder_keeps_every_distribution_the_base_image_ships_at_its_version(tmp_path):
+    from packaging.requirements import Requirement
+
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps(NGC_BASE))
+    out = tmp_path / "ngc"
+    done = run_ngc_requirements(str(REPO / "pyproject.toml"), str(REPO / "constraints.txt"), str(out), "--installed", str(base))
+    assert done.returncode == 0, done.stderr
+    lock = {Requirement(line).name.lower(): str(Requirement(line).specifier)
+            for line in lines_of(REPO / "constraints.txt")}
+    # The base image's distributions the lock pins at another version (the four of issue 29, with today's lock).
+    differ = {d["name"]: d["version"] for d in NGC_BASE
+              if d["name"] in ("cuda-bindings", "numpy", "onnx", "protobuf") and lock.get(d["name"]) != f"=={d['version']}"}
+    assert differ, "the fake base no longer differs from the lock"
+    kept = (out / "kept.txt").read_text().splitlines()
+    assert kept == [f"{name} {version} (lock: {lock[name][2:]})" for name, version in sorted(differ.items())]
+    assert f"keeping the base image's version of {len(differ)} distributions" in done.stdout
+    constraints = {Requirement(line).name.lower(): str(Requirement(line).specifier) for line in lines_of(out / "constraints.txt")}
+    for name, version in differ.items():
+        assert constraints[name] == f"=={version}", f"pip would replace the base image's {name}"
+    if lock.get("jinja2") == "==3.1.6":  # the same version as the base: nothing to keep
+        assert constraints["jinja2"] == "==3.1.6" and not any(line.startswith("Jinja2 ") for line in kept)
+    assert "distro-info" not in constraints and "torch" not in constraints and "torch-tensorrt" not in constraints
+    assert constraints["timm"] == lock["timm"]  # what the image does not ship: the lock's
+    requirements = {Requirement(line).name.lower(): Requirement(line) for line in lines_of(out / "requirements.txt")}
+    for name in set(differ) & set(requirements):  # pinned in pyproject.toml: the pin gives way to the image's version
+        assert str(requirements[name].specifier) == "", requirements[name]
+    assert str(requirements["timm"].specifier) == lock["timm"]
+    assert requirements["tritonclient"].extras == {"http", "grpc"}
+
+
+def test_the_builder_fails_listing_each_distribution_of_the_base_image_the_install_changed(tmp_path):
+    before, after = tmp_path / "base.json", tmp_path / "installed.json"
+    before.write_text(json.dumps(NGC_BASE))
+    installed = [dict(d) for d in NGC_BASE if d["name"] != "onnx"] + [{"name": "mme-toolkit", "version": "0.1.0"}]
+    next(d for d in installed if d["name"] == "numpy")["version"] = "1.26.4"
+    after.write_text(json.dumps(installed))
+    done = run_ngc_requirements("--check", str(before), str(after))
+    assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1
+    assert "the install changed 2 distributions the base image ships: numpy 2.1.0 -> 1.26.4, onnx 1.18.0 removed; " in done.stderr
+    # Only additions (the project and what the image lacked): the build goes on.
+    after.write_text(json.dumps(NGC_BASE + [{"name": "mme_toolkit", "version": "0.1.0"}, {"name": "timm", "version": "1.0.31"}]))
+    ok = run_ngc_requirements("--check", str(before), str(after))
+    assert ok.returncode == 0 and ok.stdout.startswith(f"ok: the {len(NGC_BASE)} distributions the base image ships are unchanged")
+    wrong = run_ngc_requirements("--check", str(before))
+    assert wrong.returncode == 2 and "--check: expected 2 arguments" in wrong.stderr
+
+
+def test_the_builder_runs_as_an_unprivileged_user_whose_home_any_uid_can_write():
+    """`make docker-package` runs the builder as the host user (artifacts owned by them), a uid
+    the image has no account for: the image's HOME and getpass's variables must serve it too."""
+    df = dockerfile("builder")
+    assert df.final.last("USER").args == "10001"
+    env = " ".join(i.args for i in df.final.all("ENV"))
+    assert "HOME=/home/mme" in env and "USER=mme" in env and "LOGNAME=mme" in env
+    run = " ".join(i.args for i in df.final.all("RUN"))
+    assert "useradd --create-home --shell /bin/bash --uid 10001 mme" in run and "chmod 1777 /home/mme" in run
+    package = next(line for line in make_dry_run_text("docker-package") if " run " in line)
+    assert "--user $(id -u):$(id -g)" in package and " -e HOME=" not in package  # the image's HOME
+    # The bench image, run the same way by make docker-bench.
+    bench = dockerfile("bench")
+    assert "HOME=/home/mme" in " ".join(i.args for i in bench.final.all("ENV"))
+    assert "chmod 1777 /home/mme" in " ".join(i.args for i in bench.final.all("RUN"))
+    assert "--user $(id -u):$(id -g)" in next(line for line in make_dry_run_text("docker-bench") if " run " in line)
+
+
+def make_dry_run_text(target: str) -> list[str]:
+    import shutil
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    done = subprocess.run(["make", "--no-print-directory", "-n", target], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
 
 
 def test_the_builder_stack_check_names_what_differs():

@@ -3,7 +3,13 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -126,3 +132,116 @@ def test_existing_targets_are_untouched_by_the_section():
     head = MAKEFILE[:MAKEFILE.index("# --- Docker (GPU hosts) ---")]
     for target in ("install", "package", "demo", "test", "test-gpu", "lock", "clean"):
         assert re.search(rf"^{target}:", head, re.MULTILINE)
+
+
+# -- the host's Python: the Docker targets read mme/versions.toml with it ------------------------
+
+# Makes this interpreter behave as Ubuntu 22.04's python3 (3.10.12) does for the Makefile: it
+# reports 3.10, and `import tomllib` fails with 3.10's ModuleNotFoundError. FAKE_TOMLI=1: the
+# tomli package is installed (the API tomllib was taken from).
+FAKE_310_SITECUSTOMIZE = '''
+import os
+import sys
+from importlib.machinery import PathFinder
+
+if os.environ.get("FAKE_TOMLI"):
+    import tomllib
+    sys.modules["tomli"] = sys.modules.pop("tomllib")
+sys.version_info = (3, 10, 12, "final", 0)
+sys.version = "3.10.12 (main, Nov 20 2023, 15:14:05) [GCC 11.4.0]"
+_find_spec = PathFinder.find_spec.__func__
+
+def find_spec(cls, name, path=None, target=None):
+    if name in ("tomllib", "tomli"):
+        return None
+    return _find_spec(cls, name, path, target)
+
+PathFinder.find_spec = classmethod(find_spec)
+'''
+
+
+def fake_python310(tmp_path: Path, tomli: bool = False) -> dict[str, str]:
+    """An environment whose PATH starts with a `python3` that is Python 3.10 without tomllib."""
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(FAKE_310_SITECUSTOMIZE)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    python3 = bin_dir / "python3"
+    python3.write_text(f'#!/bin/sh\nPYTHONPATH={shim} exec {sys.executable} "$@"\n')
+    python3.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "MAKE"))}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    if tomli:
+        env["FAKE_TOMLI"] = "1"
+    return env
+
+
+def make(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    return subprocess.run(["make", "--no-print-directory", *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def test_the_fake_python_is_310_without_tomllib(tmp_path):
+    env = fake_python310(tmp_path)
+    done = subprocess.run(["python3", "-c", "import sys; print(sys.version_info[:2]); import tomllib"], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.stdout.strip() == "(3, 10)"
+    assert done.returncode == 1 and done.stderr.strip().endswith("ModuleNotFoundError: No module named 'tomllib'")
+
+
+@pytest.mark.parametrize("target", ["docker-build", "docker-package", "docker-bench"])
+@pytest.mark.parametrize("dry_run", ["-n", "DOCKER=echo"])
+def test_docker_targets_on_python_310_stop_with_one_line_saying_what_they_need(tmp_path, target, dry_run):
+    # No .venv (VENV points nowhere), so the targets read the matrix with the host's python3.
+    done = make([dry_run, target, f"VENV={tmp_path / 'no-venv'}"], env=fake_python310(tmp_path))
+    assert done.returncode != 0
+    assert "docker " not in done.stdout and "mme-" not in done.stdout, "nothing may run with an empty tag"
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert (f"make {target} needs Python 3.11+, or 3.10 with tomli, to read mme/versions.toml "
+            "(found 3.10 at python3): pass PYTHON=python3.11, or install tomli for it") in lines[0]
+
+
+def test_docker_targets_work_on_python_310_with_tomli(tmp_path):
+    builds = docker_commands([shlex.split(line) for line in make(
+        ["-n", "docker-build", f"VENV={tmp_path / 'no-venv'}"], env=fake_python310(tmp_path, tomli=True)).stdout.splitlines()],
+        "build")
+    rel = versions.release()
+    assert [option_value(argv, "-t") for argv in builds] == [f"mme-{image}:{rel.name}" for image in ("builder", "serving", "bench")]
+    assert build_arg_values(builds[0]) == versions.build_args("builder", rel.name)
+
+
+def test_python_m_mme_versions_on_310_says_what_it_needs(tmp_path):
+    done = subprocess.run(["python3", "-m", "mme.versions", "--get", "name"], cwd=REPO, env=fake_python310(tmp_path),
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2 and not done.stdout
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith(
+        "mme.versions: error: reading mme/versions.toml needs Python 3.11+ (tomllib) or the tomli package; ")
+    assert "is Python 3.10: run it with Python 3.11+" in done.stderr
+
+
+def test_docker_targets_without_any_python_or_with_an_unknown_release_stop_with_one_line(tmp_path):
+    missing = make(["-n", "docker-build", f"VENV={tmp_path / 'no-venv'}", f"PYTHON={tmp_path / 'python3'}"])
+    assert missing.returncode != 0 and not missing.stdout
+    assert len(missing.stderr.strip().splitlines()) == 1
+    assert f"(found no Python 3 at {tmp_path / 'python3'}): pass PYTHON=python3.11." in missing.stderr
+    unknown = make(["-n", "docker-build", "TRITON_RELEASE=99.99"])
+    assert unknown.returncode != 0 and not unknown.stdout
+    assert len(unknown.stderr.strip().splitlines()) == 1
+    assert "make docker-build: mme.versions: error: unknown Triton release '99.99'; known releases: " in unknown.stderr
+
+
+def test_docker_serve_with_a_python_without_the_projects_packages_says_what_the_engine_check_needs(tmp_path):
+    bare = tmp_path / "python3"  # the standard library only (-S: no site-packages), as a fresh host's python3
+    bare.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    bare.chmod(0o755)
+    models = tmp_path / "resnet50" / "tensorrt"
+    models.mkdir(parents=True)
+    done = make(["docker-serve", f"SERVE_MODELS={models}", f"VENV={tmp_path / 'no-venv'}", f"PYTHON={bare}", "DOCKER=echo"])
+    assert done.returncode != 0
+    assert "run --rm" not in done.stdout, "the serving image must not start before the engines are checked"
+    assert (f"make docker-serve: checking the engines in {models} runs packager.compat, which needs the project's "
+            f"packages (numpy, ...) in {bare}: run make install PYTHON=python3.11 first") in done.stderr.splitlines()
