@@ -118,8 +118,17 @@ clean: ## remove generated artifacts (keeps .venv)
 # the builder (mme package, TensorRT included), the serving image (Triton + mme serve) and
 # the slim bench image (Locust via mme bench). Every target prints the command it runs.
 DOCKER ?= docker
+# The host-side Python that reads the matrix: .venv's, else PYTHON. mme/versions.py reads TOML
+# with tomllib (3.11+) or tomli (3.10, e.g. Ubuntu 22.04's python3, where installed). Each
+# $(call matrix,ARGS) checks that first and stops make with one line saying what it needs,
+# or with mme.versions' own one-line error (an unknown release), never with an empty tag.
 MATRIX_PY = $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
-TRITON_RELEASE ?= $(shell $(MATRIX_PY) -m mme.versions --get name)
+comma := ,
+matrix_probe = $(shell $(MATRIX_PY) -c 'import importlib.util as u, sys; print("%d.%d" % sys.version_info[:2], any(u.find_spec(m) for m in ("tomllib", "tomli")))' 2>/dev/null)
+matrix_needs = make $(or $(MAKECMDGOALS),$(.DEFAULT_GOAL)) needs Python 3.11+, or 3.10 with tomli, to read mme/versions.toml (found $(if $(1),$(firstword $(1)),no Python 3) at $(MATRIX_PY)): pass PYTHON=python3.11$(if $(1),$(comma) or install tomli for it (apt-get install python3-tomli; $(MATRIX_PY) -m pip install --user tomli))
+matrix_output = $(if $(filter MATRIX-FAILED,$(1)),$(error make $(or $(MAKECMDGOALS),$(.DEFAULT_GOAL)): $(filter-out MATRIX-FAILED,$(1))),$(1))
+matrix = $(if $(filter True,$(matrix_probe)),$(call matrix_output,$(shell $(MATRIX_PY) -m mme.versions $(1) 2>&1 || echo MATRIX-FAILED)),$(error $(call matrix_needs,$(matrix_probe))))
+TRITON_RELEASE ?= $(call matrix,--get name)
 IMAGE_TAG ?= $(TRITON_RELEASE)
 BUILDER_IMAGE ?= mme-builder:$(IMAGE_TAG)
 BUILDER_JOB_IMAGE ?= mme-builder:$(IMAGE_TAG)-sagemaker
@@ -134,7 +143,7 @@ SERVE_PORT ?= 8080
 SERVE_ARGS ?=
 BENCH_CMD ?= bench
 BENCH_ARGS ?= --help
-docker_build_args = $(shell $(MATRIX_PY) -m mme.versions --build-args --image $(1) --release $(TRITON_RELEASE))
+docker_build_args = $(call matrix,--build-args --image $(1) --release $(TRITON_RELEASE))
 
 .PHONY: docker-build docker-build-builder docker-build-serving docker-build-bench docker-build-job docker-package docker-serve docker-bench gpu-check gpu-check-wheels
 
@@ -152,12 +161,14 @@ docker-build-serving:
 docker-build-bench:
 	$(DOCKER) build -f docker/bench/Dockerfile -t $(BENCH_IMAGE) $(call docker_build_args,bench) .
 
+# As your uid:gid, so that OUT's artifacts are yours; the images' HOME is writable by any uid
+# (docker/builder/Dockerfile says why).
 docker-package: ## mme package MODEL in every format inside the builder image on the GPU (artifacts in OUT)
 	@mkdir -p $(OUT) $(HF_CACHE)
-	$(DOCKER) run --rm --gpus all --shm-size 2g --user $$(id -u):$$(id -g) -e HOME=/tmp -e HF_HOME=/hf-cache -v $(HF_CACHE):/hf-cache -v $(abspath $(OUT)):/artifacts $(BUILDER_IMAGE) package $(MODEL) --formats $(DOCKER_FORMATS) --triton-release $(TRITON_RELEASE) --out /artifacts $(ARGS)
+	$(DOCKER) run --rm --gpus all --shm-size 2g --user $$(id -u):$$(id -g) -e HF_HOME=/hf-cache -v $(HF_CACHE):/hf-cache -v $(abspath $(OUT)):/artifacts $(BUILDER_IMAGE) package $(MODEL) --formats $(DOCKER_FORMATS) --triton-release $(TRITON_RELEASE) --out /artifacts $(ARGS)
 
 docker-serve: ## mme serve SERVE_MODELS (default OUT/MODEL/tensorrt) on Triton's native backends in the serving image
-	if [ -d $(SERVE_MODELS) ]; then $(MATRIX_PY) -m packager.compat --release $(TRITON_RELEASE) $(SERVE_MODELS); fi
+	if [ -d $(SERVE_MODELS) ]; then $(MATRIX_PY) -c 'import packager.compat' 2>/dev/null || { echo "make docker-serve: checking the engines in $(SERVE_MODELS) runs packager.compat, which needs the project's packages (numpy, ...) in $(MATRIX_PY): run make install PYTHON=python3.11 first" >&2; exit 2; }; $(MATRIX_PY) -m packager.compat --release $(TRITON_RELEASE) $(SERVE_MODELS); fi
 	$(DOCKER) run --rm --gpus all --shm-size 2g -p $(SERVE_BIND):$(SERVE_PORT):8080 -v $(abspath $(SERVE_MODELS)):/models:ro $(SERVING_IMAGE) serve --models /models --host 0.0.0.0 --port 8080 --server system $(SERVE_ARGS)
 
 docker-bench: ## mme BENCH_CMD BENCH_ARGS in the slim bench image (host network; OUT read-only at artifacts/, results in results/)
@@ -165,8 +176,8 @@ docker-bench: ## mme BENCH_CMD BENCH_ARGS in the slim bench image (host network;
 	$(DOCKER) run --rm --network host --user $$(id -u):$$(id -g) -v $(abspath $(OUT)):/work/artifacts:ro -v $(abspath results):/work/results $(BENCH_IMAGE) $(BENCH_CMD) $(BENCH_ARGS)
 
 GPU_CHECK_OUT ?= results/gpu-check
-gpu-check: ## the GPU check (also on a bare GPU host): latency, GPU memory per copy, copies that fit, encoder on CUDA, Triton GPU capacity
+gpu-check: ## the GPU check (also on a bare GPU host): preflight, Triton GPU copies and in-process copies to the real 90%, TorchScript TF32 off/on, TensorRT (or NOT MEASURED), encoder; exit 3 partial, 4 no GPU
 	bash tests/gpu/gpu_check.sh --out $(GPU_CHECK_OUT)
 
-gpu-check-wheels: ## download into .whl/ the wheels a bare GPU host (Python 3.12, torch, no network) needs for make gpu-check
+gpu-check-wheels: ## download into .whl/ the wheels of tests/gpu/wheels.txt a bare GPU host (Python 3.12, torch, no network) needs for make gpu-check
 	bash tests/gpu/gpu_check.sh --download-wheels .whl

@@ -1,4 +1,6 @@
-"""What a GPU host offers, without failing on anything missing: `mme gpu-check detect`.
+"""What a GPU host offers, without failing on anything missing: `mme gpu-check detect`, and
+the preflight every `mme gpu-check run` starts with (:func:`preflight_lines`: a few seconds,
+before any step, so a run that dies later still said what the host had).
 
 The facts come as a :class:`HostFacts`; :func:`shell_assignments` prints them as quoted shell
 assignments (``TORCH_CUDA=1``, ``GPU_COUNT=1``, ...) that tests/gpu/gpu_check.sh evaluates.
@@ -10,6 +12,7 @@ import importlib.metadata
 import importlib.util
 import shlex
 import shutil
+import subprocess
 import sys
 from dataclasses import asdict, dataclass, fields
 
@@ -34,6 +37,15 @@ class HostFacts:
     project_tests: bool = False  # the project's test dependencies import
     docker: str = ""  # "ok" or why the Docker engine cannot be used
     no_gpu_reason: str = ""  # why PyTorch cannot use a GPU; "" when it can
+    cuda_build: str = ""  # the CUDA PyTorch was built for (torch.version.cuda)
+    driver: str = ""  # the NVIDIA driver (nvidia-smi), "" when none answers
+    gpu_memory_mib: int = 0  # GPU 0's total memory as the driver reports it
+    grpcio: str = ""
+    protobuf: str = ""
+    config_schema: str = ""  # where config.pbtxt's schema comes from (packager.model_config)
+    gzip: str = ""  # the tarballs' compressor here: isal, or zlib where python-isal is missing
+    libpython: str = ""  # "" when the python-backend stub's libpython is found, else why not
+    network_namespace: str = ""  # "" when Triton can run in a private network namespace, else why not
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -99,6 +111,7 @@ def _torch(facts: HostFacts) -> None:
     try:
         import torch
 
+        facts.cuda_build = str(torch.version.cuda or "")
         facts.torch_cuda = bool(torch.cuda.is_available())
         if facts.torch_cuda:
             facts.gpu_count = torch.cuda.device_count()
@@ -129,6 +142,49 @@ def _onnxruntime_cuda() -> bool:
         return False
 
 
+def _driver(facts: HostFacts) -> None:
+    """Driver and GPU memory from nvidia-smi (there with every driver, nvidia-ml-py or not)."""
+    if not facts.nvidia_smi:
+        return
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,memory.total", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        print(f"gpu-check: nvidia-smi failed ({_first_line(exc)})", file=sys.stderr)
+        return
+    first = (done.stdout.strip().splitlines() or [""])[0].split(",")
+    if done.returncode == 0 and len(first) == 2:
+        facts.driver = first[0].strip()
+        facts.gpu_memory_mib = int(float(first[1])) if first[1].strip().replace(".", "", 1).isdigit() else 0
+
+
+def _software(facts: HostFacts) -> None:
+    """What the packaging and serving code falls back on, and what Triton's python stub needs."""
+    facts.grpcio = _version("grpcio") or ""
+    facts.protobuf = _version("protobuf") or ""
+    try:
+        from packager.model_config import SCHEMA_SOURCE
+
+        facts.config_schema = SCHEMA_SOURCE
+    except Exception as exc:  # noqa: BLE001 - the reason is the output
+        facts.config_schema = f"unavailable: {_first_line(exc)}"
+    from mme.fsutil import gzip_backend
+
+    facts.gzip = gzip_backend()
+    try:
+        from serving.triton.local import check_libpython
+
+        check_libpython()
+    except Exception as exc:  # noqa: BLE001 - the reason is the output
+        facts.libpython = _first_line(exc)
+    try:
+        from serving.triton.netns import namespace_support
+
+        facts.network_namespace = namespace_support().problem or ""
+    except Exception as exc:  # noqa: BLE001 - the reason is the output
+        facts.network_namespace = _first_line(exc)
+
+
 def detect() -> HostFacts:
     """What this host offers, without failing on anything missing."""
     facts = HostFacts(
@@ -142,6 +198,8 @@ def detect() -> HostFacts:
     )
     _nvml(facts)
     _torch(facts)
+    _driver(facts)
+    _software(facts)
     try:
         facts.tensorrt, facts.tensorrt_reason = tensorrt_status()
     except Exception as exc:  # noqa: BLE001 - the reason is the output
@@ -167,3 +225,25 @@ def shell_assignments(facts: HostFacts) -> str:
             value = ""
         lines.append(f"{item.name.upper()}={shlex.quote(str(value))}")
     return "\n".join(lines)
+
+
+def preflight_lines(facts: HostFacts) -> list[str]:
+    """What this host has, one line per part the steps rely on, for people."""
+    gpu = (f"{facts.gpu_count} x {facts.gpu_name} (compute capability {facts.compute_capability}, "
+           f"{facts.gpu_memory_mib or '?'} MiB)" if facts.torch_cuda else f"none usable ({facts.no_gpu_reason})")
+    nvml = "unavailable" if facts.nvml_gpus == -1 else f"{facts.nvml_gpus} GPU(s)"
+    return [
+        f"python {facts.python}; torch {facts.torch or 'absent'} built for CUDA {facts.cuda_build or '-'}; "
+        f"driver {facts.driver or 'not found (nvidia-smi)'}",
+        f"GPU: {gpu}; NVML: {nvml}",
+        f"TensorRT: {facts.tensorrt if facts.tensorrt and not facts.tensorrt_reason else 'absent'}"
+        f"{' (' + facts.tensorrt_reason + ')' if facts.tensorrt_reason else ''}; "
+        f"Torch-TensorRT {facts.torch_tensorrt or 'absent'}; ONNX Runtime CUDA: {'yes' if facts.onnxruntime_cuda else 'no'}",
+        f"grpcio {facts.grpcio or 'absent'}, protobuf {facts.protobuf or 'absent'}: config.pbtxt schema from "
+        f"{facts.config_schema}",
+        f"tarballs gzip through {facts.gzip}{'' if facts.gzip == 'isal' else ' (python-isal absent: slower, same format)'}",
+        f"Triton (nvidia-pytriton) {facts.pytriton or 'absent'}, tritonclient {facts.tritonclient or 'absent'}; "
+        f"python-backend stub's libpython: {facts.libpython or 'found'}; "
+        f"private network namespace (unshare): {facts.network_namespace or 'available'}",
+        f"Docker: {facts.docker}",
+    ]

@@ -16,6 +16,15 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         self.device = params.get("device") or "cuda"  # "cpu": the GPU check's dry run on a CPU host
+        if params.get("tf32") == "false":  # fp32 as PyTorch on the CPU computes it: compared like for like
+            # (packager.formats.torchscript.fp32_math does this for the project; this file runs in Triton alone)
+            if hasattr(torch.backends.cuda.matmul, "fp32_precision") and hasattr(torch.backends.cudnn, "conv"):
+                torch.backends.cuda.matmul.fp32_precision = "ieee"
+                torch.backends.cudnn.conv.fp32_precision = "ieee"
+                torch.backends.cudnn.rnn.fp32_precision = "ieee"
+            else:
+                torch.backends.cuda.matmul.allow_tf32 = False
+                torch.backends.cudnn.allow_tf32 = False
         path = os.path.join(args["model_repository"], args["model_version"], "model.pt")
         self.module = torch.jit.load(path, map_location=self.device).eval()
         self.input_names = [i["name"] for i in config["input"]]

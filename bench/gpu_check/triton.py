@@ -47,6 +47,7 @@ def gpu_python_model(torchscript: Path, out: Path, device: str = "cuda") -> Path
     for group in config.instance_group:  # the model puts itself on the GPU
         group.kind = type(group).Kind.Value("KIND_CPU")
     config.parameters["device"].string_value = device
+    config.parameters["tf32"].string_value = "false"  # fp32 math: its outputs are compared with PyTorch's on the CPU
     write_config(config, model_dir / "config.pbtxt")
     shutil.copyfile(torchscript / name / "1" / "model.pt", model_dir / "1" / "model.pt")
     shutil.copyfile(PYTHON_MODEL, model_dir / "1" / "model.py")
@@ -72,9 +73,14 @@ def kserve_json(name: str, array) -> bytes:
                                    "data": array.ravel().tolist()}]}).encode()
 
 
-def triton_serves_a_gpu_copy(artifact: Path, torchscript: Path, device: str = "cuda") -> OneCopy:
-    """One copy loaded into the wheel's Triton the way the local MME loads it, invoked, and
-    compared with PyTorch on ``device``."""
+LOAD_TIMEOUT_S = 120.0  # one python-backend copy: a stub process importing torch, the model on the GPU
+
+
+def triton_serves_a_gpu_copy(artifact: Path, torchscript: Path, *, load_timeout_s: float = LOAD_TIMEOUT_S) -> OneCopy:
+    """One copy loaded into the wheel's Triton the way the local MME loads it (on the device
+    the artifact's ``device`` parameter names), invoked, and compared with PyTorch on the CPU
+    (fp32 on both sides). The reference runs on the CPU so that this process holds no CUDA
+    context while Triton's copies are counted."""
     import numpy as np
     import torch
 
@@ -97,7 +103,7 @@ def triton_serves_a_gpu_copy(artifact: Path, torchscript: Path, device: str = "c
         with server:
             cached = cache.fetch(manifest.tarball)
             started = time.perf_counter()
-            with ContainerClient(server.sagemaker_url, timeout_s=120, load_timeout_s=300) as control:
+            with ContainerClient(server.sagemaker_url, timeout_s=120, load_timeout_s=load_timeout_s) as control:
                 control.load(cached.container_name, server.model_url(cached.model_dir), target=manifest.tarball)
                 load_s = time.perf_counter() - started
                 x = np.random.default_rng(0).standard_normal((2, *manifest.inputs[0].dims), dtype=np.float32)
@@ -107,7 +113,7 @@ def triton_serves_a_gpu_copy(artifact: Path, torchscript: Path, device: str = "c
             raise RuntimeError(f"invoke answered {reply.status}: {reply.body[:300]!r}")
         out = reply.json()["outputs"][0]
         got = np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
-    module = torch.jit.load(str(torchscript / manifest.model / "1" / "model.pt"), map_location=device).eval()
+    module = torch.jit.load(str(torchscript / manifest.model / "1" / "model.pt"), map_location="cpu").eval()
     with torch.inference_mode():
-        want = module(torch.from_numpy(x).to(device)).float().cpu().numpy()
+        want = module(torch.from_numpy(x)).float().numpy()
     return OneCopy(round(load_s, 2), list(got.shape), float(np.max(np.abs(got - want))))
