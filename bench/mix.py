@@ -32,7 +32,7 @@ def build_mix(mix: str, catalogue: str, artifacts: str, fmt: str | None, rps: fl
               binary: bool) -> MixPlan:
     from packager.manifest import Manifest
     from packager.catalogue import catalogue_artifacts
-    from serving.fleet import parse_mix
+    from sizing.fleet import parse_mix
 
     directories = catalogue_artifacts(Path(catalogue), Path(artifacts), fmt)
     manifests = [Manifest.load(d) for d in directories]

@@ -20,7 +20,7 @@ from mme.progress import Reporter
 
 if TYPE_CHECKING:
     from packager.pipeline import PackagedArtifact
-    from serving.capacity import CapacityReport
+    from sizing.capacity import CapacityReport
 
 DEMO_ENDPOINT = "local-demo"  # the EndpointName the demo's local endpoint answers for and the bench calls
 DEMO_FORMAT = "cpu-local"
@@ -113,7 +113,7 @@ def capacity_step(artifact: "PackagedArtifact", memory_limit: int, max_copies: i
                   reporter: Reporter) -> "CapacityReport":
     """How many copies fit under the threshold of ``memory_limit``; the table on stdout and
     the report written under ``out`` as ``mme capacity`` does."""
-    from serving.capacity import format_table, measure_capacity, write_report
+    from sizing.capacity import format_table, measure_capacity, write_report
 
     # the demo's load test sends binary bodies (bench_step) from up to 200 users at once
     report = measure_capacity(artifact.directory, threshold=THRESHOLD, limit_bytes=memory_limit,

@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from mme.demo import _staged
     from mme.fsutil import ensure_writable_dir, write_json_atomic
     from packager.catalogue import catalogue_artifacts, fleet_directory
-    from serving.fleet import measure_fleet, parse_mix, predict_run
+    from sizing.fleet import measure_fleet, parse_mix, predict_run
     from serving.local_endpoint import LocalEndpoint, LocalEndpointOptions
 
     reporter = Reporter(quiet=args.quiet)

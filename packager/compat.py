@@ -276,13 +276,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      description="Refuse engines that cannot load in the release or on the GPU.")
     parser.add_argument("paths", nargs="+", type=Path, help="artifact directories (or trees of them) made by 'mme package'")
     parser.add_argument("--release", help="the serving release (default: mme/versions.toml's default)")
-    parser.add_argument("--instance-type", help="check against this SageMaker instance type's GPU (serving/instances.toml)")
+    parser.add_argument("--instance-type", help="check against this SageMaker instance type's GPU (mme/instances.toml)")
     args = parser.parse_args(argv)
     try:
         rel = triton_release(args.release)
         cc, where = None, "the target GPU"
         if args.instance_type:
-            from serving.instances import instance_gpu
+            from mme.instances import instance_gpu
 
             gpu = instance_gpu(args.instance_type)
             cc, where = gpu.compute_capability, gpu.describe(args.instance_type)

@@ -297,7 +297,7 @@ def register_capacity(subparsers) -> None:
                    "batch size (the articles' count; copies grow under load; both are reported either way)")
     p.add_argument("--cycles", type=int, default=0, metavar="N", help="leak check: load and unload one copy N times")
     p.add_argument("--max-copies", type=positive_int, default=200, help="stop verifying after this many copies (default: %(default)s)")
-    p.add_argument("--instances", help="TOML table of instance types to project onto (see serving/instances.toml)")
+    p.add_argument("--instances", help="TOML table of instance types to project onto (see mme/instances.toml)")
     p.add_argument("--out", default="results", help="where the JSON report goes (default: %(default)s)")
     fleet = p.add_argument_group("a fleet of different models (--catalogue)")
     fleet.add_argument("--catalogue", metavar="FILE",
@@ -368,12 +368,12 @@ def _check_capacity_args(args: argparse.Namespace) -> None:
 def run_capacity(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from serving.capacity import CONCURRENCY, format_table, measure_capacity, write_report
-    from serving.instances import load_instances
+    from sizing.capacity import CONCURRENCY, format_table, measure_capacity, write_report
+    from mme.instances import load_instances
 
     if args.catalogue:
         from mme.errors import UsageError
-        from serving.fleet import run_fleet_capacity
+        from sizing.fleet import run_fleet_capacity
 
         if args.artifact or args.remote_artifact or args.endpoint:
             raise UsageError("--catalogue sizes a fleet from its own artifacts: leave ARTIFACT and --endpoint out")
@@ -404,9 +404,9 @@ def _run_remote_capacity(args: argparse.Namespace, reporter: Reporter, instances
     from pathlib import Path
 
     from mme.fsutil import ensure_writable_dir
-    from serving.capacity_remote import EndpointInvoker, RemoteCapacityRequest, measure_remote_capacity, runtime_client
+    from sizing.capacity_remote import EndpointInvoker, RemoteCapacityRequest, measure_remote_capacity, runtime_client
     from mme.aws.session import S3Uri, connect
-    from serving.capacity import format_table, write_report
+    from sizing.capacity import format_table, write_report
 
     destination = S3Uri.parse(args.s3)
     out = ensure_writable_dir(Path(args.out))

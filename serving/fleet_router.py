@@ -3,7 +3,7 @@ SageMaker runs behind one endpoint when its variant has N instances, and what ``
 --catalogue`` predicts an instance count for.
 
 Each instance is a whole local MME (serving/local_endpoint.py: its own Triton, model cache and
-memory limit). The router in front routes as the fleet simulation (serving/fleet_sim.py)
+memory limit). The router in front routes as the fleet simulation (sizing/fleet_sim.py)
 assumes SageMaker does: a request goes to an instance that has its model, loaded or being
 loaded for a request routed there before, chosen at random among them; when none has it, to an
 instance chosen at random, which loads it. What each instance holds is read from its

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mme.aws.session import BUCKET_NAME
 from mme.errors import MmeError
 
 TARGET_MAX_CHARS = 1024  # botocore sagemaker-runtime: TargetModelHeader max 1024
 _PRINTABLE = re.compile(r"\A[\x21-\x7e][\x20-\x7e]*\Z")  # TargetModelHeader pattern \A\S[\p{Print}]*\z
-_BUCKET = re.compile(r"\A[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]\Z")
 _CHUNK = 1 << 20
 # S3 error codes that mean the credentials, not the object, are the problem.
 _CREDENTIAL_CODES = frozenset({
@@ -205,7 +205,7 @@ class S3Source(ModelSource):
     """Target models are objects under ``s3://bucket/prefix/`` (credentials: botocore's usual chain)."""
 
     def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None, client: Any = None) -> None:
-        if not _BUCKET.match(bucket):
+        if not BUCKET_NAME.match(bucket):
             raise SourceUnavailable(f"{bucket!r} is not a valid S3 bucket name; use 3-63 lowercase letters, digits, '.' and '-'")
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""

@@ -44,7 +44,7 @@ def register(subparsers) -> None:
                    help="TensorRT step; fp32 clears TF32, as TorchScript's TF32-off run (default: %(default)s)")
     r.add_argument("--limit", default=D.limit,
                    help="the memory copies fill to --threshold in steps 2 and 4: an instance type's usable GPU memory "
-                   "(serving/instances.toml), 'device' (the whole GPU: slow on a large one) or a size like 20G "
+                   "(mme/instances.toml), 'device' (the whole GPU: slow on a large one) or a size like 20G "
                    "(default: %(default)s)")
     r.add_argument("--max-copies", type=positive_int, default=D.max_copies,
                    help="cap on the copies step 4 loads in this process (default: %(default)s)")

@@ -82,7 +82,7 @@ def fill_copies(load_first: Callable[[], Any], clone: Callable[[Any], Any], mete
                 device: str = "cuda", sync: Callable[[], None] = lambda: None, probe: int = PROBE_COPIES) -> CopyMemory:
     """Load copies until the next would pass ``threshold x limit`` (or ``max_copies``, or the
     ``time.monotonic()`` ``deadline``); the figures. ``clone`` makes copy 2, 3, ... of copy 1."""
-    from serving.capacity import predict_copies
+    from sizing.capacity import predict_copies
 
     started = time.monotonic()
     budget = threshold * limit

@@ -17,7 +17,7 @@ each one (``complete: false`` until the end):
    cleared); where not, the headline says NOT MEASURED;
 6. a Hugging Face encoder traced on the CPU, run on CUDA and compared with the CPU run.
 
-The limit copies fill is an instance type's usable GPU memory (``serving/instances.toml``;
+The limit copies fill is an instance type's usable GPU memory (``mme/instances.toml``;
 default ml.g5.2xlarge, the articles' instance), the whole device, or a size.
 
 Exit codes (:func:`run_checks`): 0 every step measured; 1 a step failed; 3 partial (a step
@@ -130,10 +130,10 @@ def package(model: str, formats: str, out: Path, max_batch: int, extra: tuple[st
 
 def resolve_limit(spec: str, device_total: int) -> tuple[int, str]:
     """(bytes, what they are) of ``--limit``: an instance type's usable GPU memory
-    (serving/instances.toml), ``device`` (the whole GPU or host the check runs on), or a size."""
+    (mme/instances.toml), ``device`` (the whole GPU or host the check runs on), or a size."""
     from mme.argtypes import byte_size
     from mme.errors import UsageError
-    from serving.instances import gpu_memory, load_instances
+    from mme.instances import gpu_memory, load_instances
 
     if spec == "device":
         return device_total, f"the whole device ({device_total // MIB} MiB)"
@@ -141,7 +141,7 @@ def resolve_limit(spec: str, device_total: int) -> tuple[int, str]:
     if spec in rows:
         row = rows[spec]
         size, basis = gpu_memory(row)
-        return size, f"{spec}'s {row['gpu']}: {size // MIB} MiB ({basis}, serving/instances.toml)"
+        return size, f"{spec}'s {row['gpu']}: {size // MIB} MiB ({basis}, mme/instances.toml)"
     try:
         size = byte_size(spec)
     except Exception:  # noqa: BLE001 - argparse's type raises its own errors
@@ -185,7 +185,7 @@ class GpuCheck:
 
     def triton(self, step: Step) -> None:
         from bench.gpu_check.triton import gpu_python_model, triton_serves_a_gpu_copy
-        from serving.capacity import measure_capacity, write_report
+        from sizing.capacity import measure_capacity, write_report
 
         o = self.options
         directory = self._artifact()

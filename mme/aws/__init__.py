@@ -3,5 +3,5 @@ error wording, state files and the SageMaker Triton image URIs.
 
 Used by ``packager.remote`` (TensorRT compile in a SageMaker training job),
 ``serving.deploy`` (push, deploy, delete, CloudWatch metrics) and
-``serving.capacity_remote``. boto3 is imported only when a command runs.
+``sizing.capacity_remote``. boto3 is imported only when a command runs.
 """

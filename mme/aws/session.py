@@ -15,9 +15,9 @@ from functools import lru_cache
 from typing import Any
 
 from mme.aws.errors import AwsError, CredentialsError, S3Error
-from serving.store import _BUCKET
 
 RETRIES = {"mode": "standard", "max_attempts": 5}
+BUCKET_NAME = re.compile(r"\A[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]\Z")  # S3's rule: 3-63 lowercase letters, digits, '.', '-'
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class S3Uri:
         if not isinstance(text, str) or not text.startswith("s3://"):
             raise S3Error(f"{option} {text!r} is not an S3 URI; write it as s3://bucket/prefix")
         bucket, _, rest = text[len("s3://"):].partition("/")
-        if not _BUCKET.match(bucket):
+        if not BUCKET_NAME.match(bucket):
             raise S3Error(f"{option}: {bucket!r} is not a valid S3 bucket name; use 3-63 lowercase letters, digits, '.' and '-'")
         rest = rest.strip("/")
         if rest and any(part in ("", ".", "..") for part in rest.split("/")):

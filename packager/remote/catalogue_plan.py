@@ -128,7 +128,7 @@ def check_entries(entries: Sequence[CatalogueEntry], requests: Sequence[Any], im
     from packager.compat import check_release_on_gpu
     from packager.formats import FORMATS
     from packager.pipeline import check_request
-    from serving.instances import instance_gpu
+    from mme.instances import instance_gpu
 
     tagged = image_release(image_uri)
     gpu = instance_gpu(instance_type)

@@ -31,7 +31,7 @@ from mme.progress import Reporter
 from mme.versions import release as triton_release, require_sagemaker_image
 from packager.compat import check_release_on_gpu
 from packager.manifest import Manifest
-from serving.instances import instance_gpu
+from mme.instances import instance_gpu
 
 ENTRY_SCRIPT = Path(__file__).with_name("trt_build_entry.py")
 # NVIDIA's entrypoint wrapper in NGC images (and so in SageMaker's Triton images, built FROM

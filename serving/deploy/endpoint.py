@@ -27,7 +27,7 @@ from mme.progress import Reporter
 from mme.versions import release as triton_release, require_sagemaker_image
 from mme.aws.errors import DeployError, EndpointFailed, Interrupted, S3Error, WaitTimeout
 from mme.aws.images import check_image_uri, triton_image_uri
-from serving.instances import instance_gpu
+from mme.instances import instance_gpu
 from mme.aws.session import (S3Uri, aws_errors, check_bucket, check_instance_type, check_role_arn, error_code,
                              matches_shape, require_credentials, require_region, s3_fail)
 from mme.aws.state import (DEFAULT_DEPLOYMENTS_DIR, Deployment, DeploymentSpec, DeploymentStore, DeploymentTracker,

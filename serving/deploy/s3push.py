@@ -104,7 +104,7 @@ def load_artifact(directory: Path, allow_random_weights: bool = False, reporter:
     facts = EngineFacts.of(manifest)
     cc, where = None, "the target GPU"
     if instance_type:
-        from serving.instances import instance_gpu
+        from mme.instances import instance_gpu
 
         gpu = instance_gpu(instance_type)
         cc, where = gpu.compute_capability, gpu.describe(instance_type)

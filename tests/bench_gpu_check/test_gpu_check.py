@@ -21,7 +21,7 @@ from bench.gpu_check.steps import Run, exit_code, resolve_limit
 from mme.cli import main
 from mme.errors import UsageError
 from packager.formats.torchscript import fp32_math, fp32_settings
-from serving.capacity import predict_copies
+from sizing.capacity import predict_copies
 
 MIB = 1 << 20
 

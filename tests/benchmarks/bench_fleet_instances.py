@@ -70,7 +70,7 @@ def main() -> int:
     from mme.fsutil import write_json_atomic
     from bench.request import BenchRequest
     from packager.catalogue import catalogue_artifacts, fleet_directory
-    from serving.fleet import FleetMeasurement, measure_fleet, parse_mix, predict_run
+    from sizing.fleet import FleetMeasurement, measure_fleet, parse_mix, predict_run
     from serving.fleet_router import LocalFleet
     from serving.local_endpoint import LocalEndpointOptions
 

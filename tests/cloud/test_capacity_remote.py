@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.capacity_remote import (
+from sizing.capacity_remote import (
     HOST_KIND, METRICS_TARBALL, EndpointInvoker, RemoteCapacityRequest, build_metrics_tarball,
     measure_remote_capacity, runtime_client,
 )

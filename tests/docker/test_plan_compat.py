@@ -21,7 +21,7 @@ from packager.compat import (
     main,
 )
 from serving.deploy.s3push import engine_metadata
-from serving.instances import instance_gpu
+from mme.instances import instance_gpu
 
 
 def manifest(fmt: str = "tensorrt", tensorrt: str | None = "11.1.0.106", platform: str | None = None, *,

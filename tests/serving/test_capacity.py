@@ -9,7 +9,7 @@ import pytest
 
 from mme.cli import main
 from packager.manifest import Manifest
-from serving.capacity import format_table
+from sizing.capacity import format_table
 
 
 def test_capacity_prediction_matches_what_fits(packaged_test_resnet, tmp_path, capsys):
@@ -69,10 +69,10 @@ def test_a_limit_too_small_for_one_copy_loads_one_and_says_what_limit_would_fit(
 
 def test_both_loops_share_one_report_from_their_readings():
     """Readings -> footprint -> prediction -> copies that fit -> projections: build_report, used
-    by the local loop and by the one against an endpoint (serving.capacity_remote)."""
+    by the local loop and by the one against an endpoint (sizing.capacity_remote)."""
     import pytest
 
-    from serving.capacity import Footprint, Readings, build_report
+    from sizing.capacity import Footprint, Readings, build_report
 
     mib = 2**20
     readings = Readings("m", "onnx", "host RSS", 1000 * mib, 0.9, 100 * mib)
@@ -100,7 +100,7 @@ def test_the_first_copy_is_counted_once_and_projections_use_usable_memory():
     """On a GPU the first copy carries the one-time CUDA/cuDNN/cuBLAS/ONNX Runtime start-up:
     averaged into every copy it would under-count what fits. The prediction is baseline + first
     + (n - 1) x per copy; instance types are projected onto the memory their driver reports."""
-    from serving.capacity import CopyCost, Readings, build_report, predict, predict_copies
+    from sizing.capacity import CopyCost, Readings, build_report, predict, predict_copies
 
     mib = 2**20
     limit = 24576 * mib
@@ -134,7 +134,7 @@ def test_the_first_copy_is_counted_once_and_projections_use_usable_memory():
 
 def test_the_instance_table_holds_usable_memory_and_checks_user_tables(tmp_path, capsys):
     from mme.errors import UsageError
-    from serving.instances import gpu_memory, load_instances
+    from mme.instances import gpu_memory, load_instances
 
     rows = load_instances()
     usable = {row["gpu"]: row["gpu_memory_usable_mib"] for row in rows.values()}
@@ -180,7 +180,7 @@ def test_capacity_refuses_host_rss_on_a_gpu_host_without_nvml(packaged_test_resn
 def test_requests_in_flight_are_counted_once_for_the_endpoint():
     """What many callers at once add (request buffers) is the endpoint's: it comes off the budget
     once, and copies read before it was measured are judged with it."""
-    from serving.capacity import Readings, build_report
+    from sizing.capacity import Readings, build_report
 
     mib = 2**20
     readings = Readings("m", "onnx", "host RSS", 1000 * mib, 0.9, 100 * mib)

@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 
 from mme.cli import main
-from serving.fleet import FleetMeasurement, ModelFootprint, parse_mix
-from serving.fleet_sim import SimModel, simulate, smallest_fleet, zipf_rates
+from sizing.fleet import FleetMeasurement, ModelFootprint, parse_mix
+from sizing.fleet_sim import SimModel, simulate, smallest_fleet, zipf_rates
 
 MIB = 2**20
 

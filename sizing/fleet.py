@@ -6,9 +6,9 @@ needs, what cache hit ratio its traffic will see and which share of requests wil
    baseline and the endpoint's requests in flight. Saved as ``fleet-measurements.json``, so a
    plan for another mix or limit is rebuilt with ``--measurements FILE`` without measuring again.
 2. plan: for each instance (this host under ``--memory-limit``, and the GPU instance types of
-   serving/instances.toml), the fewest instances whose share of requests waiting for a load stays
+   mme/instances.toml), the fewest instances whose share of requests waiting for a load stays
    within ``--max-cold-share``, by simulating the endpoint's LRU cache on the mix
-   (serving/fleet_sim.py). Written as ``fleet-plan.{json,md,csv}`` and ``fleet-plan.png``.
+   (sizing/fleet_sim.py). Written as ``fleet-plan.{json,md,csv}`` and ``fleet-plan.png``.
 
 The instance types' figures reuse the footprints measured here: measured on a GPU host they are
 GPU memory; measured as host memory (the cpu-local format) they are a rough guide, said so in the plan.
@@ -28,7 +28,7 @@ from typing import Any
 from mme.errors import UsageError
 from mme.fsutil import ensure_writable_dir, write_bytes_atomic, write_json_atomic
 from mme.progress import Reporter
-from serving.fleet_sim import SimModel, SimResult, simulate, smallest_fleet, zipf_rates
+from sizing.fleet_sim import SimModel, SimResult, simulate, smallest_fleet, zipf_rates
 
 SCHEMA_VERSION = 1
 MEASUREMENTS = "fleet-measurements.json"
@@ -79,7 +79,7 @@ def measure_fleet(artifacts: list[Path], reporter: Reporter, *, server_kind: str
                   concurrency: int = 200, binary: bool = False) -> FleetMeasurement:
     """One copy of each artifact on its own empty Triton, measured as ``mme capacity`` does."""
     from packager.manifest import Manifest
-    from serving.capacity import measure_capacity
+    from sizing.capacity import measure_capacity
 
     footprints, baselines, overheads, kinds = [], [], [], set()
     for index, artifact in enumerate(artifacts, start=1):
@@ -274,8 +274,8 @@ def plan_markdown(measurement: FleetMeasurement, rates: dict[str, float], rows: 
 
 
 def run_fleet_capacity(args: argparse.Namespace) -> int:
-    from serving.capacity import CONCURRENCY
-    from serving.instances import gpu_memory, load_instances
+    from sizing.capacity import CONCURRENCY
+    from mme.instances import gpu_memory, load_instances
 
     reporter = Reporter(quiet=args.quiet)
     if args.mix is None:

@@ -5,7 +5,7 @@ API measuring after each, predict how many fit under the threshold, then load to
 threshold to check the prediction. ``cycles`` loads and unloads one copy repeatedly and
 reports whether memory returns to where it started (users see memory not released).
 
-The report is shared with ``mme capacity --endpoint`` (``serving.capacity_remote``): each
+The report is shared with ``mme capacity --endpoint`` (``sizing.capacity_remote``): each
 loop only takes readings into :class:`Readings` (baseline, then memory after each copy);
 :func:`build_report` turns them into what copies cost (:class:`CopyCost`), the prediction,
 the copies that fit and the projections onto other instance types.
@@ -17,7 +17,7 @@ per-copy footprint is the mean over the copies after the first, and the copies t
 the largest n with baseline + first copy + (n - 1) x per copy <= threshold x limit. With one
 copy measured the first stands in for the per-copy figure (an overestimate) and the report
 says so. Projections onto instance types use the same formula with each GPU's usable memory
-(the total the driver reports, ``serving/instances.toml``), not its nominal size.
+(the total the driver reports, ``mme/instances.toml``), not its nominal size.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from mme.progress import Reporter
 from serving.cache import ModelCache
 from serving.container import LOAD_TIMEOUT_S, ContainerClient
 from serving.copies import CopiesSource, copy_name
-from serving.instances import USABLE, gpu_memory, load_instances
+from mme.instances import USABLE, gpu_memory, load_instances
 from serving.store import LocalDirSource
 
 SCHEMA_VERSION = 1
@@ -154,7 +154,7 @@ def report_definitions() -> dict[str, str]:
                             "limit_bytes",
         "actual_copies": "copies loaded with memory still under threshold x limit_bytes",
         "projections.memory_bytes": "the instance GPU's usable memory: the total its driver reports (nvidia-smi, NVML; "
-                                    "serving/instances.toml gpu_memory_usable_mib), or its nominal size where "
+                                    "mme/instances.toml gpu_memory_usable_mib), or its nominal size where "
                                     "memory_basis is 'nominal'",
         "projections.copies": "predicted_copies' formula with that memory as the limit",
     }
@@ -376,7 +376,7 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
     from serving.triton.factory import choose_cache_root, choose_kind, create_server, server_class
     from serving.startup_checks import artifact_directories, check_server_runs
     from serving.cache_entries import cache_key
-    from serving.warm_batch import batched_request, json_request
+    from sizing.warm_batch import batched_request, json_request
     from serving.triton.sagemaker_serve import sagemaker_settings_from_environ
 
     reporter = reporter or Reporter(quiet=True)

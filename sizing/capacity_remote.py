@@ -13,8 +13,8 @@ tree against the host's RAM. The loop:
       invoke gpu-metrics                   -> step i
       stop once utilisation reaches the threshold
 
-This module only takes the readings (``serving.capacity.Readings``); the report is the local
-loop's, built by the same ``serving.capacity.build_report``: baseline, the first copy apart
+This module only takes the readings (``sizing.capacity.Readings``); the report is the local
+loop's, built by the same ``sizing.capacity.build_report``: baseline, the first copy apart
 (on a GPU it carries the one-time CUDA/cuDNN/cuBLAS/ONNX Runtime start-up), the per-copy
 footprint mean/min/max over the copies after it (copies already loaded by an earlier run left
 out: when copy 1 is one of them, its start-up is in the baseline), the copies that fit under
@@ -39,7 +39,7 @@ from mme.errors import UsageError
 from mme.fsutil import deterministic_tar_gz
 from mme.progress import Reporter
 from packager.manifest import Manifest
-from serving.capacity import CapacityReport, CopyCost, Readings, build_report
+from sizing.capacity import CapacityReport, CopyCost, Readings, build_report
 from serving.copies import copy_name
 from serving.deploy.s3push import Artifact, execute_push, load_artifact, plan_push
 

@@ -1,4 +1,4 @@
-"""SageMaker instance types and their GPUs (``serving/instances.toml``): the single-GPU types
+"""SageMaker instance types and their GPUs (``mme/instances.toml``): the single-GPU types
 ``mme capacity`` projects onto, and the GPU (compute capability) of every instance family,
 which decides where a TensorRT plan can load."""
 
@@ -22,11 +22,11 @@ class InstanceGpu:
 
 
 def _table(path: Path | None = None) -> dict:
-    text = path.read_text() if path else resources.files("serving").joinpath("instances.toml").read_text()
+    text = path.read_text() if path else resources.files("mme").joinpath("instances.toml").read_text()
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path or 'serving/instances.toml'}: not valid TOML ({exc}); see serving/instances.toml") from None
+        raise UsageError(f"{path or 'mme/instances.toml'}: not valid TOML ({exc}); see mme/instances.toml") from None
 
 
 def load_instances(path: Path | None = None) -> dict[str, dict]:
@@ -34,12 +34,12 @@ def load_instances(path: Path | None = None) -> dict[str, dict]:
     compute_capability), each row's memory checked."""
     table = _table(path)
     if "instances" not in table:
-        raise UsageError(f"{path}: not an instance table (no [instances]); see serving/instances.toml for the format")
-    where = path or "serving/instances.toml"
+        raise UsageError(f"{path}: not an instance table (no [instances]); see mme/instances.toml for the format")
+    where = path or "mme/instances.toml"
     for name, row in table["instances"].items():
         if not _positive(row.get("gpu_memory_gib") if isinstance(row, dict) else None):
             raise UsageError(f"{where}: [instances.\"{name}\"] needs gpu_memory_gib, the GPU's nominal memory as a "
-                             "positive number (e.g. gpu_memory_gib = 24); see serving/instances.toml")
+                             "positive number (e.g. gpu_memory_gib = 24); see mme/instances.toml")
         if "gpu_memory_usable_mib" in row and not _positive(row["gpu_memory_usable_mib"]):
             raise UsageError(f"{where}: [instances.\"{name}\"] gpu_memory_usable_mib must be a positive number of MiB "
                              "(the total nvidia-smi shows on that GPU, e.g. 23028 for an A10G), or left out")
@@ -74,5 +74,5 @@ def instance_gpu(instance_type: str) -> InstanceGpu:
     table = _table()
     row = table.get("instances", {}).get(instance_type) or table.get("families", {}).get(family_of(instance_type))
     if row is None:
-        return InstanceGpu("no GPU known for this family; add it to serving/instances.toml", None)
+        return InstanceGpu("no GPU known for this family; add it to mme/instances.toml", None)
     return InstanceGpu(str(row["gpu"]), str(row["compute_capability"]))
