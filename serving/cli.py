@@ -10,11 +10,10 @@ import threading
 
 from mme.argtypes import byte_size, fraction, positive_float, positive_int
 from mme.progress import Reporter
-from serving.memory import MEMORY_KINDS
-from serving.triton.factory import KINDS
-
-ACCESS_KEY_ENV = "MME_SERVE_ACCESS_KEY_ID"
-SECRET_KEY_ENV = "MME_SERVE_SECRET_ACCESS_KEY"
+from serving.monitor.memory import MEMORY_KINDS
+from serving.runtime.sigv4_verify import ACCESS_KEY_ENV, SECRET_KEY_ENV
+from serving.triton.factory import SERVER_CHOICES, server_help
+from serving.triton.sagemaker_serve import MODES, MULTI
 
 
 def add_triton_network(p: argparse.ArgumentParser) -> None:
@@ -48,7 +47,7 @@ def register_serve(subparsers) -> None:
                    help="with --catalogue: the format served of each entry (default: the entry's first)")
     p.add_argument("--models", help="directory (e.g. artifacts/resnet50/cpu-local) or s3://bucket/prefix; "
                    "with --mode single: the model's .tar.gz or its artifact directory")
-    p.add_argument("--mode", choices=("multi", "single"), default="multi",
+    p.add_argument("--mode", choices=MODES, default=MULTI,
                    help="multi: a multi-model endpoint, requests name a TargetModel; single: a real-time endpoint "
                    "serving one model.tar.gz as SageMaker's Triton image does without SAGEMAKER_MULTI_MODEL (the model "
                    "loaded at start, requests name no TargetModel) (default: %(default)s)")
@@ -65,9 +64,7 @@ def register_serve(subparsers) -> None:
                    "behind a router that sends a model's requests to an instance holding it, else to a random one "
                    "(as SageMaker routes an MME with N instances) (default: %(default)s)")
     add_triton_network(p)
-    p.add_argument("--server", choices=KINDS, default="auto",
-                   help="Triton under Docker with a GPU, the tritonserver of this image (system), "
-                   "or the CPU binary of the nvidia-pytriton wheel (local); default: auto")
+    p.add_argument("--server", choices=SERVER_CHOICES, default="auto", help=server_help())
     p.add_argument("--cache-dir", help="where tarballs are extracted as <dir>/<hash>/model (default: /opt/ml/models "
                    "for a Triton that loads only from there, i.e. 2.70+ with --server system; else a temporary directory)")
     p.add_argument("--memory", choices=MEMORY_KINDS, default="auto",
@@ -146,7 +143,8 @@ def _models_to_serve(args: argparse.Namespace, stack: contextlib.ExitStack) -> s
 def _serve(args: argparse.Namespace, models: str, settings: dict) -> int:
     from pathlib import Path
 
-    from serving.local_endpoint import LocalEndpoint, LocalEndpointOptions
+    from serving.runtime.exposure import client_example, targets_text
+    from serving.runtime.local_endpoint import LocalEndpoint, LocalEndpointOptions
 
     options = LocalEndpointOptions(
         models=models, host=args.host, port=args.port, memory_threshold=args.memory_threshold,
@@ -208,8 +206,9 @@ def _run_until_stopped(server, banner, reporter: Reporter) -> int:
 
 
 def _serve_fleet(args: argparse.Namespace, options, models: str, reporter: Reporter) -> int:
-    """``--instances N``: N local MMEs behind the router (serving/fleet_router.py)."""
-    from serving.fleet_router import LocalFleet
+    """``--instances N``: N local MMEs behind the router (serving/runtime/fleet_router.py)."""
+    from serving.runtime.exposure import client_example, targets_text
+    from serving.runtime.fleet_router import LocalFleet
 
     fleet = LocalFleet(options, args.instances, reporter)
 
@@ -229,41 +228,6 @@ def _serve_fleet(args: argparse.Namespace, options, models: str, reporter: Repor
     return _run_until_stopped(fleet, banner, reporter)
 
 
-MAX_TARGETS_SHOWN = 6
-
-
-def targets_text(targets: tuple[str, ...]) -> str:
-    """The names the endpoint answers for, a few of them when there are many."""
-    shown = ", ".join(targets[:MAX_TARGETS_SHOWN])
-    return shown + (f" and {len(targets) - MAX_TARGETS_SHOWN} more" if len(targets) > MAX_TARGETS_SHOWN else "")
-
-
-def client_example(endpoint, options) -> str:
-    """A command that invokes the endpoint as shown: boto3 with the region and keys it needs,
-    the first target and, for an artifact directory, its sample request."""
-    import shlex
-    from pathlib import Path
-
-    from packager.manifest import MANIFEST_NAME, Manifest
-
-    body, content_type = "b'...your request body...'", "application/json"
-    directory = Path(options.models.removeprefix("file://"))
-    if directory.is_file():  # a real-time endpoint's tarball: its artifact directory, if it is in one
-        directory = directory.parent
-    if not options.models.startswith("s3://") and (directory / MANIFEST_NAME).is_file():
-        sample = Manifest.load(directory).sample_request
-        body = f"open({str(directory / sample.json_file)!r}, 'rb').read()"
-    secret = (f"os.environ['{SECRET_KEY_ENV}']" if options.require_signature else "'local'")
-    target = endpoint.targets[0] if endpoint.targets else "<name>.tar.gz"
-    target_arg = "" if endpoint.model is not None else f"TargetModel='{target}', "  # real-time: none
-    key = repr(options.access_key_id) if options.require_signature else "'local'"
-    code = (f"import boto3, os; r = boto3.client('sagemaker-runtime', endpoint_url='{endpoint.url}', "
-            f"region_name='{options.region}', aws_access_key_id={key}, aws_secret_access_key={secret})"
-            f".invoke_endpoint(EndpointName='{options.endpoint_name}', {target_arg}"
-            f"ContentType='{content_type}', Body={body}); print(r['Body'].read()[:300])")
-    return f"python -c {shlex.quote(code)}"
-
-
 def register_capacity(subparsers) -> None:
     p = subparsers.add_parser(
         "capacity",
@@ -277,7 +241,7 @@ def register_capacity(subparsers) -> None:
     p.add_argument("--threshold", type=fraction, default=0.9, help="share of the memory limit (default: 0.9)")
     p.add_argument("--memory-limit", type=byte_size, help="memory to fill, e.g. 2G (default: the GPU's memory, or this host's RAM)")
     add_triton_network(p)
-    p.add_argument("--server", choices=KINDS, default="auto",
+    p.add_argument("--server", choices=SERVER_CHOICES, default="auto",
                    help="Triton to load into, as for mme serve (default: auto; TensorRT and ONNX formats need docker or system)")
     p.add_argument("--memory", choices=MEMORY_KINDS, default="auto",
                    help="what is counted: gpu (NVML), host (RSS of Triton's process tree), or auto: the GPU when one "

@@ -34,11 +34,10 @@ from typing import Sequence
 from mme.errors import MmeError, UsageError
 from mme.fsutil import write_json_atomic
 from mme.progress import Reporter
-from serving.cache import ModelCache
-from serving.container import LOAD_TIMEOUT_S, ContainerClient
-from serving.copies import CopiesSource, copy_name
+from serving.triton.container import LOAD_TIMEOUT_S, ContainerClient
+from serving.models.copies import CopiesSource, copy_name
 from mme.instances import USABLE, gpu_memory, load_instances
-from serving.store import LocalDirSource
+from serving.models.store import LocalDirSource
 
 SCHEMA_VERSION = 1
 LOADED = "loaded"  # after a warm-up at the max batch size: what a copy holds while serving
@@ -366,22 +365,21 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
     counted once before the copies. ``load_timeout_s``: how long one copy's load may take. The first copy is counted apart (one-time start-up), the
     per-copy footprint over the probes after it. No copy is loaded once the next one would take
     memory past the limit (not only the threshold). ``memory`` "auto" on a host with an NVIDIA GPU
-    whose NVML cannot be read refuses (serving.memory.choose_meter): pass "host" to accept host RSS."""
+    whose NVML cannot be read refuses (serving.monitor.memory.choose_meter): pass "host" to accept host RSS."""
     import os
-    import tempfile
 
-    from packager.manifest import MANIFEST_NAME, Manifest
-    from serving.memory import choose_meter
-    from serving.triton.config import TritonServerConfig, default_network
-    from serving.triton.factory import choose_cache_root, choose_kind, create_server, server_class
-    from serving.startup_checks import artifact_directories, check_server_runs
-    from serving.cache_entries import cache_key
+    from packager.manifest import Manifest, artifact_directories, is_artifact_directory
+    from serving.monitor.memory import choose_meter
+    from serving.stack import build_stack
+    from serving.triton.factory import choose_kind
+    from serving.runtime.startup_checks import check_server_runs
+    from serving.models.cache_entries import cache_key
     from sizing.warm_batch import batched_request, json_request
     from serving.triton.sagemaker_serve import sagemaker_settings_from_environ
 
     reporter = reporter or Reporter(quiet=True)
     artifact = Path(artifact)
-    if not (artifact / MANIFEST_NAME).is_file():
+    if not is_artifact_directory(artifact):
         found = artifact_directories(artifact) if artifact.is_dir() else []
         if found:
             raise UsageError(f"{artifact} is above the artifact directories; pass one of them: "
@@ -400,25 +398,22 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
     body_kind = "binary" if binary else "json"
     in_flight_body = batch_one if binary else json_request(artifact, sample.json_file)
     burst_clients: list[ContainerClient] = []
-    root = choose_cache_root(cache_dir, server_class(kind).required_model_root())
-    with tempfile.TemporaryDirectory(prefix="mme-capacity-") as tmp:
-        cache = ModelCache(root or Path(tmp), CopiesSource(LocalDirSource(artifact), max_copies + cycles + 1))
-        # Triton as SageMaker's image runs it (python shared memory, namespacing; SAGEMAKER_TRITON_*
-        # of this environment honoured): what a copy costs there is what is counted here.
-        config = TritonServerConfig(sagemaker_port=0, http_port=None, grpc_port=None, metrics_port=None,
-                                    sagemaker_env=sagemaker_settings_from_environ(os.environ),
-                                    network=triton_network or default_network())
-        server = create_server(kind, config, model_root=cache.root)
+    # Triton as SageMaker's image runs it (python shared memory, namespacing; SAGEMAKER_TRITON_*
+    # of this environment honoured): what a copy costs there is what is counted here.
+    with build_stack(kind, CopiesSource(LocalDirSource(artifact), max_copies + cycles + 1), cache_dir=cache_dir,
+                     sagemaker_env=sagemaker_settings_from_environ(os.environ), network=triton_network,
+                     prefix="mme-capacity-") as stack:
+        cache, server = stack.cache, stack.server
         meter = choose_meter(memory, server.pids, instance_kind=manifest.triton.instance_kind)
         limit = limit_bytes or meter.total()
         server.start()
         try:
-            control = ContainerClient(server.sagemaker_url, load_timeout_s=load_timeout_s)
+            control = stack.client(load_timeout_s=load_timeout_s)
             local = threading.local()
 
             def burst_client() -> ContainerClient:
                 if not hasattr(local, "client"):
-                    local.client = ContainerClient(server.sagemaker_url)
+                    local.client = stack.client()
                     burst_clients.append(local.client)
                 return local.client
 
@@ -528,7 +523,7 @@ def _time_unload(control, meter, target: str, footprint: int) -> float:
     """Seconds from asking the container to unload ``target`` until half its footprint is back:
     how long an eviction holds memory a load waits for (the unload call itself may return later,
     or sooner, than the memory)."""
-    from serving.cache_entries import cache_key
+    from serving.models.cache_entries import cache_key
 
     before = meter.used()
     started = time.perf_counter()

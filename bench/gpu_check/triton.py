@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,25 +84,20 @@ def triton_serves_a_gpu_copy(artifact: Path, torchscript: Path, *, load_timeout_
     import torch
 
     from packager.manifest import Manifest
-    from serving.cache import ModelCache
-    from serving.container import ContainerClient
-    from serving.store import LocalDirSource
-    from serving.triton.config import TritonServerConfig
-    from serving.triton.local import LocalTritonServer
+    from serving.models.store import LocalDirSource
+    from serving.stack import build_stack
     from serving.triton.netns import namespace_support
 
     manifest = Manifest.load(artifact)
-    with tempfile.TemporaryDirectory(prefix="mme-gpu-check-cache-") as tmp:
-        cache = ModelCache(Path(tmp), LocalDirSource(artifact))
-        # Isolated where this host allows network namespaces; a lent GPU machine that does not
-        # (a container) has no network to expose Triton to.
-        network = "private" if namespace_support().available else "host"
-        server = LocalTritonServer(TritonServerConfig(sagemaker_port=0, grpc_port=None, metrics_port=None,
-                                                      network=network))
+    # Isolated where this host allows network namespaces; a lent GPU machine that does not
+    # (a container) has no network to expose Triton to.
+    network = "private" if namespace_support().available else "host"
+    with build_stack("local", LocalDirSource(artifact), network=network, prefix="mme-gpu-check-cache-") as stack:
+        cache, server = stack.cache, stack.server
         with server:
             cached = cache.fetch(manifest.tarball)
             started = time.perf_counter()
-            with ContainerClient(server.sagemaker_url, timeout_s=120, load_timeout_s=load_timeout_s) as control:
+            with stack.client(timeout_s=120, load_timeout_s=load_timeout_s) as control:
                 control.load(cached.container_name, server.model_url(cached.model_dir), target=manifest.tarball)
                 load_s = time.perf_counter() - started
                 x = np.random.default_rng(0).standard_normal((2, *manifest.inputs[0].dims), dtype=np.float32)

@@ -12,6 +12,8 @@ from typing import Any, Callable
 
 from mme.argtypes import byte_size, positive_float, positive_int
 from mme.progress import Reporter
+from packager.formats.gpu import PRECISIONS
+from packager.options import add_option
 
 
 def register(subparsers: Any) -> None:
@@ -186,7 +188,7 @@ def register_deploy(subparsers: Any) -> None:
 
 
 def run_deploy(args: argparse.Namespace) -> int:
-    from serving.copies import copy_name
+    from serving.models.copies import copy_name
     from serving.deploy import endpoint as deploy
     from mme.aws.session import connect
     from mme.aws.state import DeploymentStore
@@ -327,12 +329,12 @@ def register_compile(subparsers: Any) -> None:
     p.add_argument("--image-uri", help="build image (default: the SageMaker Triton image of the artifact's release); an "
                    "NVIDIA (NGC-based) image: the job starts through its /opt/nvidia/nvidia_entrypoint.sh")
     p.add_argument("--triton-release", help="release of mme/versions.toml (default: the artifact's)")
-    p.add_argument("--precision", choices=("fp32", "tf32", "fp16"), default="fp16",
+    p.add_argument("--precision", choices=PRECISIONS, default="fp16",
                    help="fp32 (TF32 off), tf32, or fp16 (default: %(default)s)")
     p.add_argument("--hardware-compatible", action="store_true",
                    help="an engine that loads on every Ampere-or-newer GPU, not only the instance's")
     p.add_argument("--max-batch-size", type=positive_int, help="profile's max batch (default: the manifest's)")
-    p.add_argument("--workspace-mib", type=positive_int, default=4096, help="TensorRT workspace (4096)")
+    add_option(p, "workspace_mib")  # mme package's --workspace-mib: one name, one unit, one default
     p.add_argument("--out", help="artifact directory to write (default: artifacts/<model>/tensorrt)")
     p.add_argument("--retry", action="store_true", help="start a new job after a failed or stopped one")
     p.add_argument("--dry-run", action="store_true", help="print the job request; upload and create nothing")

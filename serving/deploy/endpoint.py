@@ -21,22 +21,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from mme.hosts import AMI_OPTION, FORWARD, HostVerdict, check_host, nvidia_amis, require_starts
 from mme.polling import poll_until
 from mme.progress import Reporter
 from mme.versions import release as triton_release, require_sagemaker_image
 from mme.aws.errors import DeployError, EndpointFailed, Interrupted, S3Error, WaitTimeout
 from mme.aws.images import check_image_uri, triton_image_uri
-from mme.instances import instance_gpu
 from mme.aws.session import (S3Uri, aws_errors, check_bucket, check_instance_type, check_role_arn, error_code,
                              matches_shape, require_credentials, require_region, s3_fail)
 from mme.aws.state import (DEFAULT_DEPLOYMENTS_DIR, Deployment, DeploymentSpec, DeploymentStore, DeploymentTracker,
                            Resource, now_iso)
-from serving.copies import is_copy
-from serving.triton.sagemaker_serve import DEFAULT_MODEL_ENV
+from packager.formats import format_of
+from serving.deploy.host_checks import check_ami_version, check_engine_for_endpoint, check_host_for_endpoint
 from serving.deploy.resources import CREATION_ORDER, ENDPOINT, SageMakerResource, create, describe
+from serving.models.copies import is_copy
+from serving.triton.sagemaker_serve import DEFAULT_MODEL_ENV, MULTI, SINGLE
 
-MULTI, SINGLE = "multi", "single"
 VARIANT = "AllTraffic"
 TAGS = ({"Key": "created-by", "Value": "mme-toolkit"},)
 FAILED_STATES = ("Failed", "OutOfService", "UpdateRollbackFailed")
@@ -167,37 +166,6 @@ def check_request(request: DeployRequest) -> None:
     split_s3(request.s3, request.mode)
 
 
-def check_ami_version(name: str) -> str:
-    """An InferenceAmiVersion botocore's SageMaker model knows (ProductionVariantInferenceAmiVersion)."""
-    from mme.aws.session import enum_values
-
-    known = enum_values("ProductionVariantInferenceAmiVersion")
-    if name not in known:
-        raise DeployError(f"{AMI_OPTION} {name!r} is not a host image SageMaker knows; choose one of: {', '.join(known)}")
-    return name
-
-
-def check_host_for_endpoint(rel: Any, instance_type: str, ami: str | None, own_image: str | None,
-                            reporter: Reporter) -> HostVerdict:
-    """The image's CUDA against the NVIDIA driver of the host the endpoint gets (the AMI given, or
-    the instance family's default host, or the AMI the image needs): refuse in one line what cannot
-    start; warn where it cannot be checked (the user's own image) or starts only by forward
-    compatibility."""
-    image = f"your image {own_image}" if own_image else f"release {rel.name}"
-    verdict = require_starts(check_host(None if own_image else rel.cuda, instance_type, ami, image=image))
-    if verdict.starts is None and own_image:
-        newest = nvidia_amis()[-1]
-        hint = "" if ami else f"; pass {AMI_OPTION} (e.g. {newest.ami}: {newest.specs})"
-        reporter.warn(f"{verdict.reason}: if it was built for a newer CUDA than that host's driver runs, the endpoint "
-                      f"fails to start{hint}")
-    elif verdict.starts is None:
-        reporter.warn(verdict.reason)
-    elif verdict.how == FORWARD:
-        reporter.warn(f"{verdict.reason}: it starts only if the image keeps NVIDIA's entrypoint"
-                      + (f"; {verdict.alternative} runs it without" if verdict.alternative else ""))
-    return verdict
-
-
 # --- checks against AWS (reads only) ---------------------------------------------------
 
 
@@ -221,21 +189,6 @@ def _object_metadata(s3: Any, uri: S3Uri, name: str) -> dict[str, str]:
         if error_code(exc) in ("404", "NoSuchKey", "NotFound"):
             raise S3Error(f"no object {uri.url(uri.key(name))}; push it first with 'mme push ARTIFACT --s3 {uri}'") from None
         raise s3_fail(exc, "read", uri.url(uri.key(name)), "s3:GetObject") from None
-
-
-def check_engine_for_endpoint(metadata: dict[str, str], rel: Any, instance_type: str, own_image: bool) -> None:
-    """Refuse, before anything is created, what would fail to load on the endpoint: an engine
-    for another TensorRT or Torch-TensorRT than the release's (unless the image is the user's
-    own), or for another GPU than the instance's, or a release that does not run on that GPU."""
-    from packager.compat import EngineFacts, check_artifact, check_gpu
-
-    facts = EngineFacts.from_s3_metadata(metadata)
-    gpu = instance_gpu(instance_type)
-    where = gpu.describe(instance_type)
-    if own_image:
-        check_gpu(facts, gpu.compute_capability, where)
-    else:
-        check_artifact(facts, rel, compute_capability=gpu.compute_capability, where=where)
 
 
 def plan_deploy(request: DeployRequest, session: Any, s3: Any, reporter: Reporter) -> DeployPlan:
@@ -263,7 +216,7 @@ def plan_deploy(request: DeployRequest, session: Any, s3: Any, reporter: Reporte
     else:
         metadata = _object_metadata(s3, uri, found[0])
         model_data_url = uri.url()
-    if metadata.get("mme-format") == "cpu-local":
+    if (fmt := format_of(metadata.get("mme-format"))) and not fmt.runs_on_sagemaker_image:
         reporter.warn(f"{model_data_url} holds the cpu-local format, which the SageMaker Triton image cannot run; push onnx, torchscript or tensorrt")
     rel = triton_release(request.triton_release or metadata.get("mme-triton-release") or None)
     own_image = request.image_uri or metadata.get("mme-image-uri")

@@ -1,7 +1,7 @@
 """``mme push``: put an artifact's MME tarball and its copies under an S3 prefix.
 
 The tarball is uploaded once (multipart above a threshold, with a progress line); the
-copies ``<name>-v1..vN.tar.gz`` (named like ``serving.copies``) are made by server-side
+copies ``<name>-v1..vN.tar.gz`` (named like ``serving.models.copies``) are made by server-side
 copy, so no byte is sent twice. Each object carries the tarball's sha256 in its metadata
 (``x-amz-meta-sha256``): an object whose size and sha256 already match is skipped, so a
 second push writes nothing and a changed artifact re-uploads. Every write is checked
@@ -26,7 +26,8 @@ from mme.aws.s3 import (
     MIB, SHA_KEY, TransferHooks, TransferSettings, copy_object, head, matches, upload_file, verify,
 )
 from mme.aws.session import S3Uri, aws_errors, check_bucket, s3_fail
-from serving.copies import copy_name, parse_copy_name
+from packager.formats import format_of
+from serving.models.copies import copy_name, parse_copy_name
 
 @dataclass(frozen=True)
 class Artifact:
@@ -265,7 +266,7 @@ def push(s3: Any, request: PushRequest, reporter: Reporter, hooks: TransferHooks
     rel = triton_release(artifact.triton_release)
     require_sagemaker_image(rel, request.image_uri, "serve what you push")
     host = check_push_host(rel, request.instance_type, request.image_uri, reporter)
-    if artifact.format == "cpu-local":
+    if (fmt := format_of(artifact.format)) and not fmt.runs_on_sagemaker_image:
         reporter.warn(
             "the cpu-local format runs ONNX Runtime inside Triton's python backend, which the SageMaker Triton "
             "image does not ship; push the onnx, torchscript or tensorrt format for a SageMaker endpoint"

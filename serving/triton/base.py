@@ -11,7 +11,7 @@ Subclasses say how the process is launched (:meth:`TritonServer.command` and
 for ``GET /ping`` (:func:`mme.polling.poll_until`), and stops the whole group (python-backend
 stub processes included). Its configuration and errors live in :mod:`serving.triton.config`,
 the process-group machinery in :mod:`serving.triton.processes`, and ``GET /ping`` in
-:mod:`serving.container` (the one home of Triton's HTTP).
+:mod:`serving.triton.container` (the one home of Triton's HTTP).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import IO, Callable, Sequence
 import psutil
 
 from mme.polling import poll_until
-from serving.container import ping_status
+from serving.triton.container import ping_status
 from serving.triton.config import (
     TritonServerConfig,
     TritonServerError,

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from serving.container_transport import netns_url
+from serving.triton.container_transport import netns_url
 from serving.triton.config import NETWORK_ENV, TritonServerError
 
 BROKER_SCRIPT = Path(__file__).with_name("netns_broker.py")

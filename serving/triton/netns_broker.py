@@ -18,7 +18,7 @@ private work directory (mode 0700; sockets 0600) can ask for one.
 
 It exits when the command does, with its status (or its signal); SIGTERM and SIGINT are
 passed on to the command. Started by :mod:`serving.triton.netns`; clients in
-:mod:`serving.container`. Standard library only, so ``python -I`` runs it with the server's
+:mod:`serving.triton.container`. Standard library only, so ``python -I`` runs it with the server's
 environment untouched.
 """
 

@@ -1,6 +1,6 @@
 """The processes of a Triton server: who belongs to it, how its whole process group is
 stopped, orphans of a killed mme swept, and the tail of the server's log (``GET /ping``, the
-other probe a start waits on, is :func:`serving.container.ping_status`: one home for Triton's HTTP).
+other probe a start waits on, is :func:`serving.triton.container.ping_status`: one home for Triton's HTTP).
 
 Every process a :class:`~serving.triton.base.TritonServer` starts carries
 :data:`INSTANCE_ENV` (that server object) and :data:`OWNER_ENV` (the mme process that started

@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 
 SERVE_SOURCE = "triton-inference-server/server docker/sagemaker/serve @ e1db8a603"
 SAGEMAKER_ENV_PREFIX = "SAGEMAKER_TRITON_"
+MULTI, SINGLE = "multi", "single"  # serve's two modes: a multi-model endpoint, or a real-time one (one model)
+MODES = (MULTI, SINGLE)
 MULTI_MODEL_REPOSITORY = "/tmp/sagemaker"  # serve: SAGEMAKER_MULTI_MODEL_REPO
 SINGLE_MODEL_REPOSITORY = "/opt/ml/model"  # serve: SAGEMAKER_SINGLE_MODEL_REPO (a real-time endpoint's model)
 DEFAULT_MODEL_ENV = "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME"  # single-model mode: the model /invocations runs

@@ -8,7 +8,7 @@ import pytest
 from mme.aws.errors import CredentialsError
 from mme.aws.session import connect
 from mme.aws.state import KINDS
-from serving.copies import CopyName, copy_name, is_copy, parse_copy_name
+from serving.models.copies import CopyName, copy_name, is_copy, parse_copy_name
 from serving.deploy.resources import BY_KIND, CREATION_ORDER, ENDPOINT, ENDPOINT_CONFIG, MODEL
 
 

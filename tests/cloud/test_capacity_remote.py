@@ -31,7 +31,7 @@ def run_mme(capsys, *argv: str) -> tuple[int, str, str]:
 @pytest.fixture
 def local_mme(s3env):
     """The local MME (real Triton) serving s3://<bucket>/mme/models from moto."""
-    from serving.local_endpoint import LocalEndpoint, LocalEndpointOptions
+    from serving.runtime.local_endpoint import LocalEndpoint, LocalEndpointOptions
 
     options = LocalEndpointOptions(models=f"s3://{s3env.bucket}/{PREFIX}", port=0, server_kind="local",
                                    s3_endpoint_url=s3env.url)

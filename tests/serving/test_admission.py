@@ -1,4 +1,4 @@
-"""Memory admission and eviction (serving/admission.py) against a fake container: the memory
+"""Memory admission and eviction (serving/runtime/admission.py) against a fake container: the memory
 used is a number the test controls, and an unload is a coroutine that frees the model's bytes,
 held back until the test releases it where a test needs an eviction in progress."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 
-from serving.admission import Admission, LoadedEntry
-from serving.container import ContainerTimedOut
+from serving.runtime.admission import Admission, LoadedEntry
+from serving.triton.container import ContainerTimedOut
 
 LIMIT = 100  # with the 0.9 threshold: 90 bytes may be used
 THRESHOLD = 0.9

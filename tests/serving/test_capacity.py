@@ -158,7 +158,7 @@ def test_capacity_refuses_host_rss_on_a_gpu_host_without_nvml(packaged_test_resn
     import shutil
     import sys
 
-    from serving import memory
+    from serving.monitor import memory
 
     monkeypatch.setitem(sys.modules, "pynvml", None)  # nvidia-ml-py not installed
     monkeypatch.setattr(memory, "nvidia_gpu_evidence", lambda: "/dev/nvidia0")  # the probe: a GPU is there
@@ -291,8 +291,8 @@ def test_the_local_endpoint_counts_the_gpu_for_every_server_kind(packaged_test_r
     import shutil
     import sys
 
-    from serving.local_endpoint import LocalEndpoint, LocalEndpointOptions
-    from serving.memory import GpuMemoryMeter, HostMemoryMeter
+    from serving.runtime.local_endpoint import LocalEndpoint, LocalEndpointOptions
+    from serving.monitor.memory import GpuMemoryMeter, HostMemoryMeter
 
     monkeypatch.setitem(sys.modules, "pynvml", TritonBackedGpu())
     monkeypatch.setenv("TRITON_SERVER_VERSION", "2.61.0")  # a system Triton that accepts any cache directory

@@ -23,8 +23,8 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from mme.progress import Reporter
-from serving.cache_entries import cache_key
-from serving.local_endpoint import LocalEndpoint, LocalEndpointOptions
+from serving.models.cache_entries import cache_key
+from serving.runtime.local_endpoint import LocalEndpoint, LocalEndpointOptions
 from tests.serving.python_models import echo_request, write_echo_tarball
 
 NAME, ACCOUNT, VARIANT = "conformance", "123456789012", "Blue"

@@ -1,8 +1,8 @@
-"""The endpoint's outcomes at its seam with the container (serving/endpoint.py through
+"""The endpoint's outcomes at its seam with the container (serving/runtime/endpoint.py through
 serving/container_port.Container): a fake container records every call in order and answers
 as Triton's SageMaker API would (507 when told to, a crash when told to), its memory is a number
 the test controls, and the fake server it runs in restarts as Triton's would. Each test asserts
-the typed outcome (serving/outcomes.py), the order of the container's calls, and the reply the
+the typed outcome (serving/runtime/outcomes.py), the order of the container's calls, and the reply the
 front makes of the outcome where the outcome is a refusal."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import asyncio
 import json
 from pathlib import Path
 
-from serving import outcomes as out
-from serving.cache_entries import CachedModel, cache_key
-from serving.container import ContainerOutOfMemory, ContainerUnreachable
-from serving.endpoint import EndpointConfig, MultiModelEndpoint
-from serving.front import sagemaker_reply
+from serving.runtime import outcomes as out
+from serving.models.cache_entries import CachedModel, cache_key
+from serving.triton.container import ContainerOutOfMemory, ContainerUnreachable
+from serving.runtime.endpoint import EndpointConfig, MultiModelEndpoint
+from serving.runtime.front import sagemaker_reply
 
 OK_BODY = b'{"outputs": []}'
 

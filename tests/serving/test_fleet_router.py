@@ -12,9 +12,9 @@ import requests
 
 from mme.errors import UsageError
 from mme.progress import Reporter
-from serving.fleet_router import INSTANCE_HEADER, LocalFleet, Router, merge_snapshots
-from serving.local_endpoint import LocalEndpointOptions
-from serving.reply_headers import COLD_HEADER
+from serving.runtime.fleet_router import INSTANCE_HEADER, LocalFleet, Router, merge_snapshots
+from serving.runtime.local_endpoint import LocalEndpointOptions
+from serving.runtime.reply_headers import COLD_HEADER
 
 
 def test_requests_go_to_a_holder_else_to_a_random_instance():

@@ -1,6 +1,6 @@
 """The front's forwarding to the container over real HTTP (an aiohttp server standing in for
 Triton's SageMaker port): the invocation timeout, and the second copy sent while a load is in
-flight (serving/forward.py says why: a Triton load holds every request on its HTTP thread)."""
+flight (serving/runtime/forward.py says why: a Triton load holds every request on its HTTP thread)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import asyncio
 import pytest
 from aiohttp import web
 
-from serving.cache_entries import cache_key
-from serving.container import TARGET_HEADER, ContainerUnreachable
-from serving.forward import Forwarder, InvocationTimedOut
+from serving.models.cache_entries import cache_key
+from serving.triton.container import TARGET_HEADER, ContainerUnreachable
+from serving.runtime.forward import Forwarder, InvocationTimedOut
 
 
 class Container:

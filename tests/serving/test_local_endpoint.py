@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from mme.progress import Reporter
-from serving.local_endpoint import LocalEndpoint, LocalEndpointOptions
+from serving.runtime.local_endpoint import LocalEndpoint, LocalEndpointOptions
 from tests.serving.conftest import decode_kserve, header_size_of
 
 

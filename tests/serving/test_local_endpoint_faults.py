@@ -16,7 +16,7 @@ import requests
 
 from mme.fsutil import deterministic_tar_gz
 from mme.progress import Reporter
-from serving.local_endpoint import LocalEndpoint, LocalEndpointOptions
+from serving.runtime.local_endpoint import LocalEndpoint, LocalEndpointOptions
 
 BROKEN_CONFIG = 'backend: "python"\nmax_batch_size: 1\ninput { name: "X" data_type: TYPE_FP32 dims: [1] }\n' \
                 'output { name: "Y" data_type: TYPE_FP32 dims: [1] }\ninstance_group { kind: KIND_CPU }\n'

@@ -1,5 +1,5 @@
-"""The endpoint's CloudWatch-named metrics (serving.metrics) and instance sampler
-(serving.instance_metrics). Fast; no Triton needed.
+"""The endpoint's CloudWatch-named metrics (serving.runtime.metrics) and instance sampler
+(serving.monitor.instance_metrics). Fast; no Triton needed.
 
 Sources: AWS, "Monitor Amazon SageMaker AI with Amazon CloudWatch" (invocation, multi-model
 loading and instance metrics: names, units, statistics) and /work/shared/reference.md, "What
@@ -20,10 +20,10 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-import serving.instance_metrics as instance_metrics
+import serving.monitor.instance_metrics as instance_metrics
 from mme.errors import UsageError
-from serving.instance_metrics import InstanceReading, InstanceSampler
-from serving.metrics import EndpointMetrics
+from serving.monitor.instance_metrics import InstanceReading, InstanceSampler
+from serving.runtime.metrics import EndpointMetrics
 
 BUSY_CHILD = "import time\nend = time.time() + 10\nwhile time.time() < end:\n    pass\n"
 

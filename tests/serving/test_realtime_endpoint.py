@@ -19,8 +19,8 @@ from botocore.exceptions import ClientError
 from mme.cli import main
 from mme.errors import UsageError
 from mme.progress import Reporter
-from serving.local_endpoint import LocalEndpoint, LocalEndpointOptions
-from serving.realtime import prepare_repository
+from serving.runtime.local_endpoint import LocalEndpoint, LocalEndpointOptions
+from serving.models.repository import prepare_repository
 from serving.triton.config import TritonServerConfig
 from serving.triton.sagemaker_serve import DEFAULT_MODEL_ENV, sagemaker_environment, serve_arguments
 

@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 
 from mme.progress import Reporter
-from serving.cache_entries import cache_key
-from serving.container import ContainerClient
-from serving.local_endpoint import LocalEndpoint, LocalEndpointOptions
+from serving.models.cache_entries import cache_key
+from serving.triton.container import ContainerClient
+from serving.runtime.local_endpoint import LocalEndpoint, LocalEndpointOptions
 from tests.serving.conftest import decode_kserve, header_size_of
 
 HARD_TARGET = "dir/a+b.tar.gz"

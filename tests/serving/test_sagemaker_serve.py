@@ -329,8 +329,8 @@ def test_local_kind_passes_the_settings_and_drops_what_2_51_lacks(wheel, tmp_pat
     """Source: docker/sagemaker/serve @ e1db8a603 (SHM_DEFAULT_BYTE_SIZE, LOG_VERBOSE, ADDITIONAL_ARGS, PING_MODE)."""
     import psutil
 
-    from serving.container import ContainerClient
-    from serving.container import ping_status
+    from serving.triton.container import ContainerClient
+    from serving.triton.container import ping_status
     from serving.triton.config import TritonServerError
     from serving.triton.local import LocalTritonServer
 
@@ -369,8 +369,8 @@ def test_system_kind_runs_the_serve_script_end_to_end(wheel, tmp_path):
     tritonserver found on PATH as ``tritonserver``, our flags in SAGEMAKER_TRITON_ADDITIONAL_ARGS."""
     import psutil
 
-    from serving.container import ContainerClient
-    from serving.container import ping_status
+    from serving.triton.container import ContainerClient
+    from serving.triton.container import ping_status
     from serving.triton.system import SystemTritonServer
 
     dist, backends = wheel
@@ -408,7 +408,7 @@ def test_namespacing_lets_two_ensembles_share_a_step_name(wheel, tmp_path, names
     """Source: docker/sagemaker/serve @ e1db8a603 (--model-namespacing=true unless
     SAGEMAKER_TRITON_DISABLE_MODEL_NAMESPACING): two targets whose ensembles both call a step
     ``step`` load side by side, each with its own step; without namespacing they cannot."""
-    from serving.container import ContainerClient, ModelLoadFailed
+    from serving.triton.container import ContainerClient, ModelLoadFailed
     from serving.triton.local import LocalTritonServer
 
     settings = {"SAGEMAKER_TRITON_DISABLE_MODEL_NAMESPACING": namespacing, "SAGEMAKER_TRITON_LOG_VERBOSE": "false"}

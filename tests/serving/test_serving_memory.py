@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from serving import memory
+from serving.monitor import memory
 
 
 def test_process_tree_memory_sums_live_processes_and_skips_gone_ones():
@@ -36,12 +36,12 @@ def test_no_pids_reads_zero():
 
 def test_gpu_memory_is_none_without_nvml(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
-    assert memory.gpu_memory() is None
+    assert memory.read_gpu_memory() is None
     assert memory.gpu_device_count() is None
 
 
 class FakeNvml:
-    """The slice of pynvml (nvidia-ml-py) that gpu_memory uses, for one 16 GiB GPU."""
+    """The slice of pynvml (nvidia-ml-py) that read_gpu_memory uses, for one 16 GiB GPU."""
 
     class NVMLError(Exception):
         pass
@@ -81,18 +81,18 @@ class FakeNvml:
 def test_gpu_memory_reads_the_device_and_its_processes(monkeypatch):
     fake = FakeNvml(compute=[(101, 1 << 30), (102, None)])
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    reading = memory.gpu_memory(0)
+    reading = memory.read_gpu_memory(0)
     assert (reading.name, reading.used_bytes, reading.total_bytes) == ("Tesla T4", 3 << 30, 16 << 30)
     assert reading.used_fraction == 3 / 16
     assert {p.pid: p.used_bytes for p in reading.processes} == {101: 1 << 30, 102: None}
-    assert memory.gpu_memory(1) is None  # no such device
+    assert memory.read_gpu_memory(1) is None  # no such device
     assert memory.gpu_device_count() == 1
     assert fake.initialised == 0  # every init shut down
 
 
 def test_gpu_memory_tolerates_a_refused_process_list(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(compute=[(7, 5 << 20)], graphics_error=True))
-    assert [(p.pid, p.used_bytes) for p in memory.gpu_memory().processes] == [(7, 5 << 20)]
+    assert [(p.pid, p.used_bytes) for p in memory.read_gpu_memory().processes] == [(7, 5 << 20)]
 
 
 class NVMLLibraryMismatchError(Exception):
@@ -121,7 +121,7 @@ class OldDriverNvml(FakeNvml):
 def test_an_older_driver_falls_back_to_the_v2_process_queries(monkeypatch):
     fake = OldDriverNvml(compute=[(11, 300 << 20)])
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    reading = memory.gpu_memory(0)  # no NVMLLibraryMismatchError escapes
+    reading = memory.read_gpu_memory(0)  # no NVMLLibraryMismatchError escapes
     assert reading is not None and reading.used_bytes == 3 << 30
     assert [(p.pid, p.used_bytes) for p in reading.processes] == [(11, 300 << 20)]
     assert memory.gpu_compute_capability(0) == "7.5"

@@ -17,7 +17,7 @@ from bench.in_process import kserve_arrays, model_call
 from mme.cli import main
 from mme.progress import Reporter
 from packager.manifest import Manifest
-from serving.local_endpoint import LocalEndpoint, LocalEndpointOptions
+from serving.runtime.local_endpoint import LocalEndpoint, LocalEndpointOptions
 from tests.serving.conftest import decode_kserve, header_size_of
 
 MODEL = "prajjwal1/bert-tiny"

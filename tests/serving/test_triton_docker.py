@@ -110,8 +110,8 @@ def test_local_endpoint_mounts_its_model_cache_into_the_container(tmp_path, pack
     target's load url is /opt/ml/models/<hash>/model inside the container."""
     import shutil
 
-    from serving.cache_entries import cache_key
-    from serving.local_endpoint import LocalEndpoint, LocalEndpointOptions
+    from serving.models.cache_entries import cache_key
+    from serving.runtime.local_endpoint import LocalEndpoint, LocalEndpointOptions
 
     models = tmp_path / "models"
     models.mkdir()

@@ -26,3 +26,13 @@ def test_auto_needs_both_a_gpu_and_a_docker_engine(monkeypatch, gpu, docker_prob
     monkeypatch.setattr(factory, "nvidia_gpu_present", lambda: gpu)
     monkeypatch.setattr(factory, "docker_engine_problem", lambda docker="docker": docker_problem)
     assert isinstance(factory.create_server("auto"), expected)
+
+
+def test_every_kind_is_one_row_of_the_table():
+    """--server's choices, what each kind builds and what it runs all come from SERVER_KINDS."""
+    assert factory.SERVER_CHOICES == ("auto", *factory.SERVER_KINDS)
+    for name, kind in factory.SERVER_KINDS.items():
+        assert isinstance(factory.create_server(name), kind.server) and name in factory.server_help()
+    assert [k.name for k in factory.by_preference()] == ["system", "docker", "local"]  # what auto tries, in order
+    assert factory.SERVER_KINDS["local"].runs("python") and not factory.SERVER_KINDS["local"].runs("onnxruntime")
+    assert [k.name for k in factory.SERVER_KINDS.values() if k.in_container] == ["docker"]

@@ -13,14 +13,14 @@ import onnxruntime as ort
 import psutil
 import pytest
 
-from serving.container import (
+from serving.triton.container import (
     ContainerClient,
     ModelAlreadyLoaded,
     ModelLoadFailed,
     ModelNotLoaded,
     ping_status,
 )
-from serving.memory import process_tree_memory
+from serving.monitor.memory import process_tree_memory
 from serving.triton.config import TritonServerConfig, TritonStartupError
 from serving.triton.local import LocalTritonServer
 from tests.serving.conftest import STARTUP_TIMEOUT_S, decode_kserve, header_size_of

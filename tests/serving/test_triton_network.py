@@ -26,7 +26,7 @@ import pytest
 import requests
 
 from mme.process import child_env
-from serving.container_transport import NamespaceConnection, http_session, netns_address, netns_socket, netns_url
+from serving.triton.container_transport import NamespaceConnection, http_session, netns_address, netns_socket, netns_url
 from serving.triton import netns
 from serving.triton.config import free_ports
 from serving.triton.netns import IsolationUnavailable, PrivateNetwork, namespace_support
@@ -241,7 +241,7 @@ def test_the_broker_listen_option_and_the_netns_urls_are_checked():
 
 
 def test_a_gone_broker_is_a_connection_error_not_a_hang(tmp_path):
-    from serving.container import ContainerClient, ping_status
+    from serving.triton.container import ContainerClient, ping_status
 
     url = netns_url(tmp_path / "gone.sock", 8080)
     assert ping_status(url, timeout_s=1.0) is None

@@ -13,8 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from serving.errors_sagemaker import HttpReply
-from serving.store import ModelSource, ObjectInfo
+from serving.runtime.errors_sagemaker import HttpReply
+from serving.models.store import ModelSource, ObjectInfo
 from serving.triton.config import free_ports
 
 T = TypeVar("T")

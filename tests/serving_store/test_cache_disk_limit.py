@@ -1,4 +1,4 @@
-"""serving.cache disk limit: LRU deletion of unloaded copies, in-use copies kept, usage as du counts it.
+"""serving.models.cache disk limit: LRU deletion of unloaded copies, in-use copies kept, usage as du counts it.
 
 Real tarballs of small python-backend models (each with an incompressible weights file, so a
 tarball is about as big as what it unpacks to) served by a real LocalDirSource.
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from serving.cache import ModelCache
-from serving.cache_entries import ENTRY_FILE, cache_key, disk_usage
-from serving.extract import ExceedsDiskBudget
-from serving.store import LocalDirSource, ModelSource
+from serving.models.cache import ModelCache
+from serving.models.cache_entries import ENTRY_FILE, cache_key, disk_usage
+from mme.archive import ExceedsDiskBudget
+from serving.models.store import LocalDirSource, ModelSource
 from tests.serving_store.store_helpers import Member, WatchedSource, model_members, run_together, write_tarball
 
 WEIGHTS = 48 * 1024

@@ -1,4 +1,4 @@
-"""serving.cache: download once, verify, unpack, hit, evict, single flight, nothing left on failure."""
+"""serving.models.cache: download once, verify, unpack, hit, evict, single flight, nothing left on failure."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from mme.fsutil import sha256_of
-from serving.cache import ModelCache
-from serving.cache_entries import CachedModel, cache_key
-from serving.extract import CorruptArtifact, UnsafeArtifact
-from serving.store import ArtifactChanged, InvalidTargetName, LocalDirSource, ModelSource, ObjectInfo, TargetNotFound, source_from_uri
+from serving.models.cache import ModelCache
+from serving.models.cache_entries import CachedModel, cache_key
+from mme.archive import CorruptArtifact, UnsafeArtifact
+from serving.models.store import ArtifactChanged, InvalidTargetName, LocalDirSource, ModelSource, ObjectInfo, TargetNotFound, source_from_uri
 from tests.serving_store.store_helpers import Member, WatchedSource, model_members, run_together, tree, write_tarball
 
 

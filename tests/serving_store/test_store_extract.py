@@ -1,4 +1,4 @@
-"""serving.extract: safe verification and unpacking of MME model tarballs."""
+"""serving.models.extract: safe verification and unpacking of MME model tarballs."""
 
 from __future__ import annotations
 
@@ -13,17 +13,17 @@ import pytest
 
 from mme.fsutil import sha256_of
 from packager.manifest import Manifest
-from serving.extract import (
+from mme.archive import (
     ArtifactTooLarge,
     CorruptArtifact,
     DiskBudget,
     ExceedsDiskBudget,
     ExtractLimits,
-    InvalidModelLayout,
     TooManyMembers,
     UnsafeArtifact,
-    extract_model_tarball,
+    safe_extract,
 )
+from serving.models.extract import InvalidModelLayout, extract_model_tarball
 from tests.serving_store.store_helpers import CONFIG, ENSEMBLE_CONFIG, Member, Zeros, model_members, tree, write_tarball
 
 
@@ -158,6 +158,21 @@ def test_size_and_member_limits(make_tarball, tmp_path: Path) -> None:
     defaults = ExtractLimits()
     assert defaults.max_total_bytes >= 2 * 1024**3  # roberta-large fp32 ONNX is ~1.4 GB
     assert defaults.allow_links is False
+
+
+def test_the_shared_extractor_unpacks_any_archive_within_the_limits(make_tarball, tmp_path: Path) -> None:
+    """mme.archive.safe_extract, as a SageMaker job's output is pulled back (packager.remote.catalogue_jobs):
+    no model layout required, the same limits, scaled per model the archive holds."""
+    members = [Member("a", kind=tarfile.DIRTYPE), Member("a/x.bin", b"\0" * 10_000),
+               Member("b/x.bin", kind=tarfile.LNKTYPE, linkname="a/x.bin")]
+    done = safe_extract(make_tarball(members), tmp_path / "out", ExtractLimits(allow_links=True))
+    assert (done.members, done.total_bytes) == (3, 10_000) and (tmp_path / "out/b/x.bin").stat().st_size == 10_000
+    one = ExtractLimits(max_total_bytes=6_000, max_members=2)
+    with pytest.raises(ArtifactTooLarge, match="max_total_bytes"):
+        safe_extract(make_tarball(members[:2]), tmp_path / "small", one)
+    assert safe_extract(make_tarball(members[:2]), tmp_path / "twice", one.times(2)).total_bytes == 10_000
+    with pytest.raises(UnsafeArtifact, match="hard link"):
+        safe_extract(make_tarball(members), tmp_path / "nolinks")
 
 
 def test_truncated_and_garbage_tarballs_are_corrupt(resnet_artifact, tmp_path: Path) -> None:

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from serving import errors_sagemaker as sm
-from serving.cache import ModelCache
-from serving.store import (
+from serving.runtime import errors_sagemaker as sm
+from serving.models.cache import ModelCache
+from serving.models.store import (
     DOWNLOAD_FAILED_MESSAGE,
     BucketNotFound,
     ModelDataDownloadFailed,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import boto3
 
 from mme.progress import Reporter
-from serving.local_endpoint import LocalEndpoint, LocalEndpointOptions
+from serving.runtime.local_endpoint import LocalEndpoint, LocalEndpointOptions
 
 
 def test_serve_from_s3_prefix(moto_server, aws_env, resnet_artifact):

@@ -1,4 +1,4 @@
-"""serving.errors_sagemaker: each InvokeEndpoint reply parsed by a real boto3 sagemaker-runtime client."""
+"""serving.runtime.errors_sagemaker: each InvokeEndpoint reply parsed by a real boto3 sagemaker-runtime client."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Iterator
 
 import pytest
 
-from serving import errors_sagemaker as sm
-from serving.extract import CorruptArtifact
-from serving.store import SourceUnavailable, TargetNotFound
+from serving.runtime import errors_sagemaker as sm
+from mme.archive import CorruptArtifact
+from serving.models.store import SourceUnavailable, TargetNotFound
 from tests.serving_store.store_helpers import ReplyServer
 
 

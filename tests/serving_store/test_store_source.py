@@ -1,4 +1,4 @@
-"""serving.store: target-name validation, local directory and S3 (real moto server) sources."""
+"""serving.models.store: target-name validation, local directory and S3 (real moto server) sources."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mme.fsutil import sha256_of
-from serving.store import (
+from serving.models.store import (
     InvalidTargetName,
     LocalDirSource,
     S3Source,

@@ -10,7 +10,7 @@ hash) and signed again with botocore's own SigV4 code (``SigV4Auth``) for the sc
 declared, compared in constant time. Presigned (query-string) requests are refused.
 
 :func:`check_header` runs before the body is read; :func:`check_signature` after. Each returns
-a :class:`Rejection` (None: accepted) that serving/errors_sagemaker.py turns into AWS's 403.
+a :class:`Rejection` (None: accepted) that serving/runtime/errors_sagemaker.py turns into AWS's 403.
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
+# where `mme serve` reads the key pair from by default (the secret stays off the command line)
+ACCESS_KEY_ENV = "MME_SERVE_ACCESS_KEY_ID"
+SECRET_KEY_ENV = "MME_SERVE_SECRET_ACCESS_KEY"
 ALGORITHM = "AWS4-HMAC-SHA256"
 MAX_SKEW = dt.timedelta(minutes=15)  # AWS's limit either side of now
 TIMESTAMP = "%Y%m%dT%H%M%SZ"

@@ -22,14 +22,14 @@ The work is split in these modules:
 - this one, :class:`MultiModelEndpoint`: the endpoint's public face and lifecycle, request
   handling (validation, the load-then-invoke loop) and loading (one load task per target, the
   container's load, measuring each model's footprint); it answers each request with a typed
-  outcome (serving/outcomes.py) that serving/front.py turns into SageMaker's reply; it owns
+  outcome (serving/runtime/outcomes.py) that serving/runtime/front.py turns into SageMaker's reply; it owns
   the table of loaded models (``_loaded``, least recently used first) and of loads under way
   (``_loading``), and never holds a lock across the container's load;
-- serving/container_port.py, :class:`~serving.container_port.Container`: the container's
+- serving/runtime/container_port.py, :class:`~serving.runtime.container_port.Container`: the container's
   loads, unloads and invocations (Triton's, or a test's fake);
-- serving/admission.py, :class:`~serving.admission.Admission`: memory admission and eviction
+- serving/runtime/admission.py, :class:`~serving.runtime.admission.Admission`: memory admission and eviction
   (the room condition, reservations, footprints, evictions, targets still unloading);
-- serving/recovery.py, :class:`~serving.recovery.Recovery`: restarts of a dead or broken
+- serving/runtime/recovery.py, :class:`~serving.runtime.recovery.Recovery`: restarts of a dead or broken
   server (loads wait on its ``server_ready``), dead workers, and the watchdog.
 """
 
@@ -43,12 +43,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 from mme.progress import Reporter
-from serving import errors_sagemaker as sm
-from serving import outcomes as out
-from serving.admission import Admission, LoadedEntry
-from serving.cache import ModelCache
-from serving.cache_entries import CachedModel, cache_key
-from serving.container import (
+from serving.runtime import errors_sagemaker as sm
+from serving.runtime import outcomes as out
+from serving.runtime.admission import Admission, LoadedEntry
+from serving.models.cache import ModelCache
+from serving.models.cache_entries import CachedModel, cache_key
+from serving.triton.container import (
     LOAD_TIMEOUT_S,
     ContainerOutOfMemory,
     ContainerTimedOut,
@@ -56,16 +56,15 @@ from serving.container import (
     ModelAlreadyLoaded,
     ModelLoadFailed,
 )
-from serving.container_port import Container, TritonContainer
-from serving.forward import InvocationTimedOut
-from serving.instance_metrics import InstanceSampler
-from serving.memory import process_tree_memory
-from serving.metrics import EndpointMetrics
-from serving.recovery import DEAD_UNLOAD_TIMEOUT_S, DEAD_WORKER_MARKERS, Recovery, dead_worker_reply  # noqa: F401
-from serving.store import InvalidTargetName, validate_target_name
+from serving.runtime.container_port import Container, TritonContainer
+from serving.runtime.forward import InvocationTimedOut
+from serving.monitor.instance_metrics import InstanceSampler
+from serving.monitor.memory import process_tree_memory
+from serving.runtime.metrics import EndpointMetrics
+from serving.runtime.recovery import DEAD_UNLOAD_TIMEOUT_S, DEAD_WORKER_MARKERS, Recovery, dead_worker_reply  # noqa: F401
+from serving.models.store import InvalidTargetName, validate_target_name
 from serving.triton.base import TritonServer
 
-MAX_PAYLOAD_BYTES = 6_291_456  # InvokeEndpoint's real-time limit
 MAX_ATTEMPTS = 4  # loads (or a container restart) one request may wait for
 SAGEMAKER_TIMEOUT_S = 60.0  # both of SageMaker's 60-second rules
 
@@ -74,10 +73,10 @@ SAGEMAKER_TIMEOUT_S = 60.0  # both of SageMaker's 60-second rules
 class EndpointConfig:
     memory_limit_bytes: int
     memory_threshold: float = 0.9
-    max_payload_bytes: int = MAX_PAYLOAD_BYTES
+    max_payload_bytes: int = sm.MAX_PAYLOAD_BYTES
     region: str = "us-east-1"
     account: str = sm.DEFAULT_ACCOUNT
-    endpoint_name: str = sm.DEFAULT_ENDPOINT
+    endpoint_name: str = sm.DEFAULT_ENDPOINT_NAME
     variant_name: str = sm.DEFAULT_VARIANT
     model_wait_timeout_s: float = SAGEMAKER_TIMEOUT_S
     invocation_timeout_s: float = SAGEMAKER_TIMEOUT_S
@@ -202,7 +201,7 @@ class MultiModelEndpoint:
 
     # -- invocations -----------------------------------------------------------------------
     async def invoke(self, target: str | None, body: bytes, content_type: str, accept: str | None) -> out.Outcome:
-        """What the request came to (serving/front.py answers it as SageMaker does)."""
+        """What the request came to (serving/runtime/front.py answers it as SageMaker does)."""
         if not target:
             return out.MissingTarget()
         try:
@@ -261,10 +260,10 @@ class MultiModelEndpoint:
             if status == 200:
                 return out.Invoked(data, headers.get("Content-Type", "application/json"),
                                    model_s=model_s, wait_s=wait_s, hit=hit)
-            return out.ContainerError(status, data.decode("utf-8", "replace"), model_s=model_s, wait_s=wait_s, hit=hit)
+            return out.InvokeFailed(status, data.decode("utf-8", "replace"), model_s=model_s, wait_s=wait_s, hit=hit)
         return out.ModelEvicted(target, wait_s=wait_s, hit=False)
 
-    # -- loading (admission and eviction: serving/admission.py) ------------------------------
+    # -- loading (admission and eviction: serving/runtime/admission.py) ------------------------------
     async def _ensure_loaded(self, target: str, deadline: float) -> tuple[bool, float]:
         """(already loaded, seconds waited). Raises ModelStillLoading past ``deadline``; the
         load itself runs as its own task and is never cancelled by a waiting request."""
@@ -384,7 +383,7 @@ class MultiModelEndpoint:
     async def unload(self, target: str) -> bool:
         return await self._admission.unload(target)
 
-    # -- faults (serving/recovery.py) -----------------------------------------------------------
+    # -- faults (serving/runtime/recovery.py) -----------------------------------------------------------
     async def watchdog(self, interval_s: float = 1.0) -> None:
         """Detect a crashed server, and models whose workers died, between requests too."""
         await self._recovery.watchdog(interval_s)

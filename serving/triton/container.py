@@ -18,16 +18,16 @@ Every call here takes ``target=`` for that header.
 
 Non-2xx answers of the model-management calls become the exceptions below: they are
 outcomes of the protocol that callers act on (SageMaker unloads a model and retries on
-507), not user errors. ``invoke`` returns every answer as an :class:`InvokeResult`. No
+507), not user errors. ``invoke`` returns every answer as an :class:`ContainerReply`. No
 answer at all (connection refused or dropped, a timeout) is :class:`ContainerUnreachable`
 (:class:`ContainerTimedOut`), whichever HTTP library asked.
 
 This module is the one place that knows the wire protocol: the paths, the target header,
 Triton's error bodies. How a connection reaches the server (plain TCP, or a socket from the
 broker of Triton's private network namespace: ``http+netns://`` URLs) is
-serving/container_transport.py's. :class:`ContainerClient` makes the management calls (blocking, on
+serving/triton/container_transport.py's. :class:`ContainerClient` makes the management calls (blocking, on
 ``requests``; :class:`ContainerControl` runs them off an event loop, each on its own
-connection); serving/forward.py sends the invocations on aiohttp through :func:`invoke_path`,
+connection); serving/runtime/forward.py sends the invocations on aiohttp through :func:`invoke_path`,
 :func:`invoke_headers` and :func:`unreachable`.
 
 Triton resolves a load's ``url`` as a directory holding one model directory (the tarball
@@ -48,7 +48,7 @@ from urllib.parse import quote
 import requests
 from requests.structures import CaseInsensitiveDict
 
-from serving.container_transport import http_session
+from serving.triton.container_transport import http_session
 
 DEFAULT_TIMEOUT_S = 60.0
 TARGET_HEADER = "X-Amzn-SageMaker-Target-Model"
@@ -142,7 +142,7 @@ class LoadedModelInfo:
 
 
 @dataclass(frozen=True)
-class InvokeResult:
+class ContainerReply:
     status: int
     headers: Mapping[str, str]  # case-insensitive
     body: bytes
@@ -164,7 +164,7 @@ class InvokeResult:
         return json.loads(self.body)
 
 
-def error_message(response: requests.Response) -> str:
+def _error_text(response: requests.Response) -> str:
     """Triton's ``{"error": "..."}`` text, else the raw body (or the reason phrase)."""
     text = response.text.strip()
     try:
@@ -217,7 +217,7 @@ class ContainerClient:
                               headers=target_headers(target))
         if response.status_code == 200:
             return
-        message = error_message(response)
+        message = _error_text(response)
         if response.status_code == 409:
             raise ModelAlreadyLoaded(409, message, model_name, body=response.text)
         if response.status_code == 507:
@@ -227,7 +227,7 @@ class ContainerClient:
     def list_models(self) -> list[LoadedModelInfo]:
         response = self._send("GET", "/models", self.timeout_s)
         if response.status_code != 200:
-            raise ContainerError(response.status_code, error_message(response))
+            raise ContainerError(response.status_code, _error_text(response))
         # Triton lists a model that is not ready yet as an empty object.
         return [
             LoadedModelInfo(entry["modelName"], entry.get("modelUrl", ""))
@@ -240,7 +240,7 @@ class ContainerClient:
         if response.status_code == 404:
             raise ModelNotLoaded(404, "model is not loaded", name)
         if response.status_code != 200:
-            raise ContainerError(response.status_code, error_message(response), name)
+            raise ContainerError(response.status_code, _error_text(response), name)
         data = response.json()
         return LoadedModelInfo(data["modelName"], data.get("modelUrl", ""))
 
@@ -252,14 +252,14 @@ class ContainerClient:
             return
         if response.status_code == 404:
             raise ModelNotLoaded(404, "model is not loaded", name)
-        raise ContainerError(response.status_code, error_message(response), name)
+        raise ContainerError(response.status_code, _error_text(response), name)
 
     def invoke(self, name: str, body: bytes, content_type: str, accept: str | None = None, *,
-               target: str | None = None) -> InvokeResult:
+               target: str | None = None) -> ContainerReply:
         """``POST /models/NAME/invoke``; every HTTP answer comes back, errors included."""
         response = self._send("POST", invoke_path(name), self.timeout_s, data=body,
                               headers=invoke_headers(content_type, accept, target))
-        return InvokeResult(
+        return ContainerReply(
             status=response.status_code, headers=CaseInsensitiveDict(response.headers), body=response.content
         )
 

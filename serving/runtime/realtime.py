@@ -8,9 +8,9 @@ unset; an error for several, unless the variable names one of them, e.g. an ense
 Triton's SageMaker service runs that model for ``POST /invocations``. Requests name no
 TargetModel: one that does gets SageMaker's ValidationError.
 
-:func:`prepare_repository` is serve's part (unpack, pick the default model, refuse what serve
-refuses); :class:`RealTimeEndpoint` answers the front (serving/front.py) as
-:class:`serving.endpoint.MultiModelEndpoint` does: the same outcomes, metrics and shutdown,
+:func:`serving.models.repository.prepare_repository` is serve's part (unpack, pick the default
+model, refuse what serve refuses); :class:`RealTimeEndpoint` answers the front (serving/runtime/front.py) as
+:class:`serving.runtime.endpoint.MultiModelEndpoint` does: the same outcomes, metrics and shutdown,
 without loads, evictions or a model cache. A Triton that dies is started again once per
 request (it loads the model again at start).
 """
@@ -19,83 +19,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable
 
-from mme.errors import UsageError
 from mme.progress import Reporter
-from serving import outcomes as out
-from serving.container import ContainerUnreachable
-from serving.container_port import TritonContainer
-from serving.endpoint import EndpointConfig
-from serving.forward import InvocationTimedOut
-from serving.instance_metrics import InstanceSampler
-from serving.metrics import EndpointMetrics
+from serving.runtime import outcomes as out
+from serving.triton.container import ContainerUnreachable
+from serving.runtime.container_port import TritonContainer
+from serving.runtime.endpoint import EndpointConfig
+from serving.runtime.forward import InvocationTimedOut
+from serving.monitor.instance_metrics import InstanceSampler
+from serving.models.repository import RealTimeModel
+from serving.runtime.metrics import EndpointMetrics
 from serving.triton.base import TritonServer
-from serving.triton.sagemaker_serve import DEFAULT_MODEL_ENV
-
-SINGLE, MULTI = "single", "multi"
-MODES = (MULTI, SINGLE)
-
-
-@dataclass(frozen=True)
-class RealTimeModel:
-    """A model unpacked as SageMaker unpacks a real-time endpoint's ``model.tar.gz``."""
-
-    tarball: Path
-    repository: Path  # /opt/ml/model's stand-in: <repository>/<model>/config.pbtxt
-    default_model: str  # what /invocations runs (SAGEMAKER_TRITON_DEFAULT_MODEL_NAME)
-    models: tuple[str, ...]  # every model directory (an ensemble's steps too)
-
-
-def find_tarball(models: str) -> Path:
-    """The one ``model.tar.gz`` of a real-time endpoint: ``models`` itself, or the only
-    ``*.tar.gz`` of an artifact directory."""
-    if models.startswith("s3://"):
-        raise UsageError(f"--mode single serves a local model: download {models} and pass the .tar.gz, or the "
-                         "artifact directory made by 'mme package'")
-    path = Path(models)
-    if path.is_file():
-        if not path.name.endswith(".tar.gz"):
-            raise UsageError(f"{path} is not a .tar.gz; pass the model's tarball or its artifact directory")
-        return path
-    if not path.is_dir():
-        raise UsageError(f"{path} does not exist; pass the model's .tar.gz or the artifact directory made by "
-                         "'mme package'")
-    tarballs = sorted(path.glob("*.tar.gz"))
-    if len(tarballs) != 1:
-        found = ", ".join(t.name for t in tarballs) or "none"
-        raise UsageError(f"a real-time endpoint serves one model.tar.gz and {path} holds {len(tarballs)} ({found}); "
-                         "pass one of them")
-    return tarballs[0]
-
-
-def prepare_repository(models: str, into: Path, env: Mapping[str, str]) -> RealTimeModel:
-    """Unpack the model as SageMaker does and choose its default model as serve does (``env``:
-    the container's SAGEMAKER_TRITON_* settings), or raise UsageError with what serve says."""
-    from serving.extract import ArtifactError, extract_model_tarball
-
-    tarball = find_tarball(models)
-    repository = into / "model"
-    try:
-        extracted = extract_model_tarball(tarball, repository)
-    except ArtifactError as exc:
-        raise UsageError(f"cannot serve {tarball}: {exc}") from None
-    if extracted.layout == "root-config":  # serve: "Incorrect directory structure"
-        raise UsageError(f"{tarball} holds config.pbtxt at its top: SageMaker's Triton serve refuses it; package "
-                         "<model>/config.pbtxt and <model>/1/ ('mme package' does)")
-    named = env.get(DEFAULT_MODEL_ENV) or None
-    if named is not None and named not in extracted.models:
-        raise UsageError(f"{DEFAULT_MODEL_ENV}={named} names no model directory of {tarball.name} "
-                         f"({', '.join(extracted.models)}); serve exits on it")
-    # check_layout puts an ensemble first: the model serve needs named when there are several
-    default = named or extracted.models[0]
-    return RealTimeModel(tarball, repository, default, extracted.models)
+from serving.triton.sagemaker_serve import SINGLE
 
 
 class RealTimeEndpoint:
-    """One model behind ``/endpoints/{name}/invocations``, no TargetModel (serving/front.py)."""
+    """One model behind ``/endpoints/{name}/invocations``, no TargetModel (serving/runtime/front.py)."""
 
     mode = SINGLE
 
@@ -183,7 +123,7 @@ class RealTimeEndpoint:
             model_s = time.perf_counter() - start
             if status == 200:
                 return out.Invoked(data, headers.get("Content-Type", "application/json"), model_s=model_s, hit=True)
-            return out.ContainerError(status, data.decode("utf-8", "replace"), model_s=model_s, hit=True)
+            return out.InvokeFailed(status, data.decode("utf-8", "replace"), model_s=model_s, hit=True)
 
     async def _restart_if_dead(self) -> bool:
         """Start Triton again if it died (serve's container would be replaced): True when it runs again."""

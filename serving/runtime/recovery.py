@@ -5,7 +5,7 @@ must be replaced, and a model whose worker process died.
 restarted: loads wait on it, since a load during a restart would only fail), the watchdog that
 looks for both faults between requests, and the worker processes of each loaded model.
 A restart empties the table of loaded models: they reload on demand. A model whose worker died
-is taken out of the table and unloaded through :class:`serving.admission.Admission` (never
+is taken out of the table and unloaded through :class:`serving.runtime.admission.Admission` (never
 with the room lock held across the unload); an unload that does not finish restarts the server.
 """
 
@@ -19,10 +19,10 @@ from collections import OrderedDict
 import psutil
 
 from mme.progress import Reporter
-from serving.admission import Admission, LoadedEntry
-from serving.cache_entries import cache_key
-from serving.container import ContainerUnreachable
-from serving.metrics import EndpointMetrics
+from serving.runtime.admission import Admission, LoadedEntry
+from serving.models.cache_entries import cache_key
+from serving.triton.container import ContainerUnreachable
+from serving.runtime.metrics import EndpointMetrics
 from serving.triton.base import TritonServer
 
 # Triton's python backend answers this for a model whose stub process died (OOM killer, crash).

@@ -3,8 +3,8 @@ or, for ``http+netns://<broker socket>:<port>`` ones (Triton in a network namesp
 serving/triton/netns.py), a TCP socket made inside that namespace by its broker
 (serving/triton/netns_broker.py), handed over the broker's Unix socket and then connected to
 ``127.0.0.1:<port>`` there: the client talks to Triton directly, nothing relays its bytes.
-:func:`http_session` for ``requests`` (serving/container.py), :func:`aiohttp_connector` for
-aiohttp (serving/forward.py)."""
+:func:`http_session` for ``requests`` (serving/triton/container.py), :func:`aiohttp_connector` for
+aiohttp (serving/runtime/forward.py)."""
 
 from __future__ import annotations
 

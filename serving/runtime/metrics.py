@@ -14,7 +14,7 @@ and Triton's SageMaker mode actually do".
   (and ModelExtractionTime, ours). Gauge LoadedModelCount.
 * Instance (percent): CPUUtilization (summed over cores), MemoryUtilization (host memory),
   DiskUtilization, GPUUtilization and GPUMemoryUtilization (summed over GPUs; None without
-  one), fed by :meth:`EndpointMetrics.instance` from serving.instance_metrics.
+  one), fed by :meth:`EndpointMetrics.instance` from serving.monitor.instance_metrics.
 * Ours: MemoryLimitUtilization (what eviction counts: used / the endpoint's memory limit),
   MemoryUsedBytes, MemoryLimitBytes, ModelLoads, ModelEvictions, ModelCacheMiss, ContainerRestarts.
 
@@ -40,7 +40,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 if TYPE_CHECKING:
-    from serving.instance_metrics import InstanceReading
+    from serving.monitor.instance_metrics import InstanceReading
 
 SCHEMA_VERSION = 1
 
@@ -223,7 +223,7 @@ class EndpointMetrics:
                                 MemoryLimitUtilization=round(100.0 * used / limit, 2) if limit else None)
 
     def instance(self, reading: InstanceReading) -> None:
-        """An instance sample (serving.instance_metrics.InstanceSampler.sample())."""
+        """An instance sample (serving.monitor.instance_metrics.InstanceSampler.sample())."""
         def pct(value: float | None) -> float | None:
             return None if value is None else round(value, 2)
 

@@ -3,15 +3,15 @@
 ``POST /endpoints/{name}/invocations`` with ``X-Amzn-SageMaker-Target-Model``, answered as
 SageMaker Runtime answers: a request without a SigV4 signature gets 403 (unless the endpoint
 allows unsigned requests); signatures are verified only when the front is given credentials
-(``mme serve --require-signature``, serving/sigv4_verify.py), else any signature passes; another endpoint name a
+(``mme serve --require-signature``, serving/runtime/sigv4_verify.py), else any signature passes; another endpoint name a
 ValidationError, another ``X-Amzn-SageMaker-Target-Variant`` a ValidationError, a body over
 6 MiB a 413 before it is read. Also ``GET /ping``,
 ``GET /metrics`` (Prometheus text), ``GET /metrics.json`` (the snapshot the bench reads)
 ``GET /models`` (what is loaded) and ``GET /targets`` (every TargetModel it answers for; none on a
-real-time endpoint, serving/realtime.py, whose invocations name no TargetModel). aiohttp keeps connections alive and sets
+real-time endpoint, serving/runtime/realtime.py, whose invocations name no TargetModel). aiohttp keeps connections alive and sets
 TCP_NODELAY on its sockets, so no request waits on Nagle's algorithm.
 
-The endpoint answers each invocation with a typed outcome (serving/outcomes.py);
+The endpoint answers each invocation with a typed outcome (serving/runtime/outcomes.py);
 :func:`sagemaker_reply` here is the one place that turns outcomes into SageMaker's replies,
 and the invocation metrics are counted here, by the status each client sees.
 """
@@ -24,14 +24,14 @@ import time
 from aiohttp import web
 
 from mme.errors import with_retry_advice
-from serving import errors_sagemaker as sm
-from serving import outcomes as out
-from serving import sigv4_verify as sigv4
-from serving.endpoint import EndpointConfig, MultiModelEndpoint
-from serving.realtime import RealTimeEndpoint
-from serving.reply_headers import cold_headers
+from serving.runtime import errors_sagemaker as sm
+from serving.runtime import outcomes as out
+from serving.runtime import sigv4_verify as sigv4
+from serving.runtime.endpoint import EndpointConfig, MultiModelEndpoint
+from serving.runtime.realtime import RealTimeEndpoint
+from serving.runtime.reply_headers import cold_headers
+from serving.triton.container import TARGET_HEADER
 
-TARGET_HEADER = "X-Amzn-SageMaker-Target-Model"
 VARIANT_HEADER = "X-Amzn-SageMaker-Target-Variant"
 ENDPOINT_KEY: web.AppKey[MultiModelEndpoint | RealTimeEndpoint] = web.AppKey("endpoint")
 CREDENTIALS_KEY = web.AppKey("credentials", sigv4.Credentials)  # present: signatures are verified
@@ -67,7 +67,7 @@ def sagemaker_reply(outcome: out.Outcome, config: EndpointConfig) -> sm.HttpRepl
         case out.ContainerUnavailable(detail=detail):
             return sm.service_unavailable(f"The serving container did not answer: {detail}. Retrying can help.")
         case out.InsufficientMemory(status=status, body=body) | out.LoadRefused(status=status, body=body) \
-                | out.ContainerError(status=status, body=body):
+                | out.InvokeFailed(status=status, body=body):
             return sm.model_error(status, body, **where)
         case out.ModelTimedOut():
             return sm.invocation_timed_out(**where)
@@ -172,7 +172,7 @@ async def targets(request: web.Request) -> web.Response:
     client can check its names before it sends anything."""
     import asyncio
 
-    from serving.startup_checks import tarball_targets
+    from serving.runtime.startup_checks import tarball_targets
 
     endpoint = request.app[ENDPOINT_KEY]
     if isinstance(endpoint, RealTimeEndpoint):  # one model, named by no TargetModel

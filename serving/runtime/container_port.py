@@ -1,20 +1,20 @@
 """The container as the endpoint sees it: :class:`Container`, its loads, unloads and
 invocations behind one interface. :class:`TritonContainer` is the real one, Triton's SageMaker
-API through serving/container.py (the management calls) and serving/forward.py (the
+API through serving/triton/container.py (the management calls) and serving/runtime/forward.py (the
 invocations, hedged while loads run); unit tests pass a fake.
 
-Failures: a load raises serving.container's ModelAlreadyLoaded, ContainerOutOfMemory (507)
+Failures: a load raises serving.triton.container's ModelAlreadyLoaded, ContainerOutOfMemory (507)
 or ModelLoadFailed; any call the container does not answer raises ContainerUnreachable
 (ContainerTimedOut past its timeout); an invocation past the invocation timeout raises
-serving.forward's InvocationTimedOut.
+serving.runtime.forward's InvocationTimedOut.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Protocol
 
-from serving.container import ContainerControl
-from serving.forward import Forwarder, Reply
+from serving.triton.container import ContainerControl
+from serving.runtime.forward import Forwarder, Reply
 from serving.triton.base import TritonServer
 
 

@@ -1,6 +1,6 @@
 """The MME instance's model cache: download a target model once, verify and unpack it, reuse it.
 
-On disk, one directory per target, ``<root>/<hash>/model`` (:mod:`serving.cache_entries` keeps
+On disk, one directory per target, ``<root>/<hash>/model`` (:mod:`serving.models.cache_entries` keeps
 that bookkeeping: entry.json, sizes, last uses, recovery after a restart).
 
 A fetch of a target that is cached and unchanged at the source (same size and ETag/mtime)
@@ -42,10 +42,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from mme.archive import CorruptArtifact, DiskBudget, ExtractLimits
 from mme.errors import MmeError
-from serving.cache_entries import (
+from serving.models.cache_entries import (
     ENTRY_FILE,
-    MODEL_DIR,
+    ENTRY_MODEL_DIR,
     CachedModel,
     cache_key,
     disk_usage,
@@ -55,8 +56,8 @@ from serving.cache_entries import (
     set_last_use,
     write_entry,
 )
-from serving.extract import CorruptArtifact, DiskBudget, ExtractLimits, extract_model_tarball
-from serving.store import ArtifactChanged, ModelSource, ObjectInfo, StoreError, validate_target_name
+from serving.models.extract import extract_model_tarball
+from serving.models.store import ArtifactChanged, ModelSource, ObjectInfo, StoreError, validate_target_name
 
 
 # Free space an extraction leaves on the cache's filesystem (logs, Triton's own files, other writers).
@@ -337,7 +338,7 @@ class ModelCache:
             with self._lock:
                 self._downloads += 1
             try:
-                extracted = extract_model_tarball(tarball, entry_dir / MODEL_DIR, self.limits, name=info.location,
+                extracted = extract_model_tarball(tarball, entry_dir / ENTRY_MODEL_DIR, self.limits, name=info.location,
                                                   budget=self._extraction_budget())
             except CorruptArtifact as exc:
                 self._raise_if_changed(target, info, exc)

@@ -8,7 +8,7 @@ target (as SageMaker names ``/opt/ml/models/<hash>/model``)::
 ``du`` counts it, measured once when it was extracted); its mtime is the entry's last use,
 so LRU order survives a restart. :func:`recover_entries` reads back what an earlier run left
 and clears its half-written leftovers. The fetch and eviction policy is
-:class:`serving.cache.ModelCache`.
+:class:`serving.models.cache.ModelCache`.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from pathlib import Path
 from mme.fsutil import write_json_atomic
 
 ENTRY_FILE = "entry.json"
-MODEL_DIR = "model"
+ENTRY_MODEL_DIR = "model"
 _KEY = re.compile(r"\A[0-9a-f]{32}\Z")  # cache_key(); other names under root are left alone
-TEMP_PREFIXES = (".download-", f".{MODEL_DIR}.extract-", f".{MODEL_DIR}.staging-", f".{MODEL_DIR}.old-")
+TEMP_PREFIXES = (".download-", f".{ENTRY_MODEL_DIR}.extract-", f".{ENTRY_MODEL_DIR}.staging-", f".{ENTRY_MODEL_DIR}.old-")
 _DISK_BYTES = "disk_bytes"  # entry.json: allocated bytes of model/, measured when it was extracted
 
 
@@ -67,7 +67,7 @@ class RecoveredEntry:
 
 def write_entry(entry_dir: Path, cached: CachedModel, model_bytes: int) -> None:
     """Write ``entry.json`` atomically: from here on ``entry_dir`` is an entry."""
-    write_json_atomic(entry_dir / ENTRY_FILE, asdict(cached) | {"model_dir": MODEL_DIR, _DISK_BYTES: model_bytes})
+    write_json_atomic(entry_dir / ENTRY_FILE, asdict(cached) | {"model_dir": ENTRY_MODEL_DIR, _DISK_BYTES: model_bytes})
 
 
 def remove_entry(entry_dir: Path) -> None:

@@ -31,9 +31,9 @@ from typing import Awaitable, Callable
 import psutil
 
 from mme.progress import Reporter
-from serving.cache_entries import CachedModel
-from serving.container import ContainerUnreachable
-from serving.metrics import EndpointMetrics
+from serving.models.cache_entries import CachedModel
+from serving.triton.container import ContainerUnreachable
+from serving.runtime.metrics import EndpointMetrics
 from serving.triton.processes import alive
 
 EVICT_UNLOAD_TIMEOUT_S = 30.0  # an eviction's unload past this restarts the server (measured: 2 s each)
@@ -58,7 +58,7 @@ class LoadedEntry:
 
 
 # The container's unload of a target, with a timeout (None: the client's default); raises
-# serving.container.ContainerUnreachable (ContainerTimedOut) when it does not finish. A target
+# serving.triton.container.ContainerUnreachable (ContainerTimedOut) when it does not finish. A target
 # already gone counts as unloaded.
 Unload = Callable[[str, "float | None"], Awaitable[None]]
 

@@ -29,7 +29,7 @@ NVML_NOT_AVAILABLE = (1 << 64) - 1  # NVML's "value not available" for per-proce
 
 
 @dataclass(frozen=True)
-class MemoryReading:
+class ProcessTreeMemory:
     """Summed over the processes that were alive when read."""
 
     rss_bytes: int  # resident set size (shared pages counted once per process)
@@ -38,7 +38,7 @@ class MemoryReading:
     timestamp: float  # time.time()
 
 
-def process_tree_memory(pids: Iterable[int]) -> MemoryReading:
+def process_tree_memory(pids: Iterable[int]) -> ProcessTreeMemory:
     """Memory of the given processes (e.g. ``server.pids()``); vanished ones are skipped."""
     rss = 0
     uss: int | None = 0
@@ -61,7 +61,7 @@ def process_tree_memory(pids: Iterable[int]) -> MemoryReading:
         rss += rss_one
         count += 1
         uss = None if uss is None or uss_one is None else uss + uss_one
-    return MemoryReading(rss_bytes=rss, uss_bytes=uss, processes=count, timestamp=time.time())
+    return ProcessTreeMemory(rss_bytes=rss, uss_bytes=uss, processes=count, timestamp=time.time())
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ def gpu_device_count() -> int | None:
     return _nvml_query(lambda nvml: nvml.nvmlDeviceGetCount())
 
 
-def gpu_memory(index: int = 0) -> GpuMemoryReading | None:
+def read_gpu_memory(index: int = 0) -> GpuMemoryReading | None:
     """Memory of GPU ``index`` and of the processes using it; None without NVML or GPU."""
     return _nvml_query(lambda nvml: _read_gpu(nvml, index))
 
@@ -225,7 +225,7 @@ class GpuMemoryMeter(MemoryMeter):
     def __init__(self, index: int = 0, pids: Callable[[], Iterable[int]] | None = None) -> None:
         self.index = index
         self.pids = pids
-        first = gpu_memory(index)
+        first = read_gpu_memory(index)
         if first is None:
             raise UsageError(
                 f"no GPU {index} readable through NVML (nvidia-ml-py missing, no driver, or no such GPU); "
@@ -235,7 +235,7 @@ class GpuMemoryMeter(MemoryMeter):
         self.description = f"GPU memory of {first.name} (NVML, whole device)"
 
     def _reading(self) -> GpuMemoryReading:
-        reading = gpu_memory(self.index)
+        reading = read_gpu_memory(self.index)
         if reading is None:
             raise UsageError(f"NVML stopped answering for GPU {self.index}; check the driver (nvidia-smi)")
         return reading

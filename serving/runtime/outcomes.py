@@ -1,7 +1,7 @@
 """What one invocation came to, in the endpoint's terms: the typed outcomes that
-:meth:`serving.endpoint.MultiModelEndpoint.invoke` returns. They say nothing of HTTP;
-serving/front.py is the one place that turns each into SageMaker Runtime's reply (through
-serving/errors_sagemaker.py).
+:meth:`serving.runtime.endpoint.MultiModelEndpoint.invoke` returns. They say nothing of HTTP;
+serving/runtime/front.py is the one place that turns each into SageMaker Runtime's reply (through
+serving/runtime/errors_sagemaker.py).
 
 Every outcome carries the timings the metrics need: ``model_s`` (the container's time; 0
 when it was not called), ``wait_s`` (time waited for a model load) and ``hit`` (whether the
@@ -96,7 +96,7 @@ class LoadRefused(Outcome):
 
 
 @dataclass(frozen=True)
-class ContainerError(Outcome):
+class InvokeFailed(Outcome):
     """The container answered the invocation with an error status (its raw body)."""
 
     status: int

@@ -2,12 +2,12 @@
 SageMaker runs behind one endpoint when its variant has N instances, and what ``mme capacity
 --catalogue`` predicts an instance count for.
 
-Each instance is a whole local MME (serving/local_endpoint.py: its own Triton, model cache and
+Each instance is a whole local MME (serving/runtime/local_endpoint.py: its own Triton, model cache and
 memory limit). The router in front routes as the fleet simulation (sizing/fleet_sim.py)
 assumes SageMaker does: a request goes to an instance that has its model, loaded or being
 loaded for a request routed there before, chosen at random among them; when none has it, to an
 instance chosen at random, which loads it. What each instance holds is read from its
-``GET /models`` every ``POLL_S`` (so evictions are seen), and a load the router started counts
+``GET /models`` every ``MODELS_POLL_S`` (so evictions are seen), and a load the router started counts
 until its reply comes back. Requests and replies pass through unchanged (the instances'
 ``X-Mme-Cold`` headers included, so a load test's per-model hit ratio is the fleet's);
 ``/metrics.json`` sums the instances' counters, ``/models`` lists every instance's models with
@@ -29,11 +29,11 @@ from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
 from mme.errors import UsageError
 from mme.progress import Reporter
-from serving import errors_sagemaker as sm
-from serving.front import TARGET_HEADER
-from serving.local_endpoint import LocalEndpoint, LocalEndpointOptions, start_loop_thread, stop_loop_thread
+from serving.runtime import errors_sagemaker as sm
+from serving.triton.container import TARGET_HEADER
+from serving.runtime.local_endpoint import LocalEndpoint, LocalEndpointOptions, start_loop_thread, stop_loop_thread
 
-POLL_S = 0.25
+MODELS_POLL_S = 0.25
 INSTANCE_HEADER = "X-Mme-Instance"  # ours: the index of the instance that answered
 HOP_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive"})
 MAX_INSTANCES = 16
@@ -77,7 +77,7 @@ class Router:
     async def poll_forever(self) -> None:
         while True:
             await asyncio.gather(*(self._poll(instance) for instance in self.instances))
-            await asyncio.sleep(POLL_S)
+            await asyncio.sleep(MODELS_POLL_S)
 
     async def _poll(self, instance: _Instance) -> None:
         assert self.session is not None

@@ -11,7 +11,7 @@ Triton's SageMaker mode actually do"):
 * DiskUtilization: disk space used, percent. Here: the filesystem holding the model cache
   (``shutil.disk_usage``: used / total).
 * GPUUtilization, GPUMemoryUtilization: percent, summed over GPUs (0..100 x GPUs), via NVML for
-  every GPU NVML sees (device-wide, like serving.memory's GPU meter); None without a GPU.
+  every GPU NVML sees (device-wide, like serving.monitor.memory's GPU meter); None without a GPU.
 
 CPU is measured from per-process ``cpu_times`` (user + system) differences between samples, so
 sampling never sleeps. The first sample has no interval: it reports each process's average over
@@ -35,7 +35,7 @@ from typing import Callable, Iterable
 import psutil
 
 from mme.errors import UsageError
-from serving.memory import _nvml, _nvml_errors
+from serving.monitor.memory import _nvml, _nvml_errors
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from serving.store import ModelSource, ObjectInfo, TargetNotFound
+from serving.models.store import ModelSource, ObjectInfo, TargetNotFound
 
 _COPY = re.compile(r"^(?P<stem>.+)-v(?P<index>\d+)\.tar\.gz$")
 

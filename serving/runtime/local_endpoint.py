@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,21 +16,25 @@ from aiohttp import web
 
 from mme.errors import UsageError
 from mme.progress import Reporter
-from serving import errors_sagemaker as sm
-from serving.cache import ModelCache
-from serving.container import LOAD_TIMEOUT_S
-from serving.copies import CopiesSource
-from serving.endpoint import SAGEMAKER_TIMEOUT_S, EndpointConfig, MultiModelEndpoint
-from serving.exposure import PythonBackendWarner, is_loopback, open_front_warning
-from serving.instance_metrics import InstanceSampler
-from serving.front import build_app
-from serving.memory import MemoryMeter, choose_meter
-from serving.realtime import MODES, MULTI, SINGLE, RealTimeEndpoint, RealTimeModel, prepare_repository
-from serving.sigv4_verify import Credentials
-from serving.startup_checks import check_server_runs, served_targets
-from serving.store import source_from_uri
-from serving.triton.config import TritonServerConfig, default_network
-from serving.triton.factory import choose_cache_root, choose_kind, create_server, server_class
+from serving.models.cache import ModelCache
+from serving.models.copies import CopiesSource
+from serving.models.repository import RealTimeModel
+from serving.models.store import source_from_uri
+from serving.monitor.instance_metrics import InstanceSampler
+from serving.monitor.memory import MemoryMeter, choose_meter
+from serving.runtime import errors_sagemaker as sm
+from serving.runtime.endpoint import SAGEMAKER_TIMEOUT_S, EndpointConfig, MultiModelEndpoint
+from serving.runtime.exposure import PythonBackendWarner, is_loopback, open_front_warning
+from serving.runtime.front import build_app
+from serving.runtime.realtime import RealTimeEndpoint
+from serving.runtime.sigv4_verify import ACCESS_KEY_ENV, SECRET_KEY_ENV, Credentials
+from serving.runtime.startup_checks import check_server_runs, served_targets
+from serving.stack import (LocalStack, MultiModelStack, SingleModelStack, build_single_model_stack, build_stack,
+                           default_disk_limit)
+from serving.triton.config import default_network
+from serving.triton.container import LOAD_TIMEOUT_S
+from serving.triton.factory import ServerKind, choose_kind
+from serving.triton.sagemaker_serve import MODES, MULTI, SINGLE
 
 ENDPOINT_NAME = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")  # CreateEndpoint's EndpointName pattern
 
@@ -48,7 +51,7 @@ class LocalEndpointOptions:
     cache_dir: Path | None = None  # default: the server's required root, else a temporary directory
     s3_endpoint_url: str | None = None
     memory: str = "auto"  # what the threshold counts: gpu (NVML), host (process-tree RSS) or auto
-    endpoint_name: str = sm.DEFAULT_ENDPOINT  # the only EndpointName this endpoint answers for
+    endpoint_name: str = sm.DEFAULT_ENDPOINT_NAME  # the only EndpointName this endpoint answers for
     variant_name: str = sm.DEFAULT_VARIANT
     account: str = sm.DEFAULT_ACCOUNT  # in ValidationError messages and LogStreamArn
     region: str = "us-east-1"
@@ -62,7 +65,7 @@ class LocalEndpointOptions:
     access_key_id: str | None = None
     secret_access_key: str | None = field(default=None, repr=False)
     triton_network: str = field(default_factory=default_network)  # "private" or "host" (serving/triton/netns.py)
-    mode: str = MULTI  # "single": a real-time endpoint serving ``models``' one tarball (serving/realtime.py)
+    mode: str = MULTI  # "single": a real-time endpoint serving ``models``' one tarball (serving/runtime/realtime.py)
 
     def check(self) -> None:
         if self.mode not in MODES:
@@ -87,7 +90,7 @@ class LocalEndpointOptions:
             raise UsageError(f"--account must be a 12-digit AWS account id (got {self.account!r})")
         if self.require_signature and not (self.access_key_id and self.secret_access_key):
             raise UsageError("--require-signature needs the key pair to verify against: --access-key-id and "
-                             "--secret-access-key (or MME_SERVE_ACCESS_KEY_ID and MME_SERVE_SECRET_ACCESS_KEY)")
+                             f"--secret-access-key (or {ACCESS_KEY_ENV} and {SECRET_KEY_ENV})")
         if self.require_signature and self.allow_unsigned:
             raise UsageError("--require-signature and --allow-unsigned contradict each other; pass one of them")
         if not ENDPOINT_NAME.fullmatch(self.endpoint_name):
@@ -97,9 +100,9 @@ class LocalEndpointOptions:
 
 def _local_manifest(models: str):
     """The manifest of a local artifact directory, or None (S3 prefixes, plain tarball directories)."""
-    from packager.manifest import MANIFEST_NAME, Manifest
+    from packager.manifest import Manifest, is_artifact_directory
 
-    if models.startswith("s3://") or not (Path(models) / MANIFEST_NAME).is_file():
+    if models.startswith("s3://") or not is_artifact_directory(Path(models)):
         return None
     return Manifest.load(Path(models))
 
@@ -112,25 +115,11 @@ def _check_engines(manifest) -> None:
 
     from mme.versions import release
     from packager.compat import check_artifact
-    from serving.memory import gpu_compute_capability
+    from serving.monitor.memory import gpu_compute_capability
 
     if manifest is not None:
         check_artifact(manifest, release(os.environ.get("MME_TRITON_RELEASE")),
                        compute_capability=gpu_compute_capability(), where="this host's GPU")
-
-
-DISK_SHARE = 0.9  # of the free space at start: what the model cache may grow into by default
-
-
-def default_disk_limit(cache_dir: Path) -> int:
-    """What the cache holds now plus 90% of the free space on its filesystem: unloaded models
-    are deleted before the disk fills, as SageMaker does on an instance."""
-    import shutil
-
-    from serving.cache_entries import disk_usage
-
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    return max(1, disk_usage(cache_dir) + int(DISK_SHARE * shutil.disk_usage(cache_dir).free))
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -186,12 +175,14 @@ class LocalEndpoint:
             self.reporter.warn(open_front_warning(options.host, options.port or None))
         kind = choose_kind(options.server_kind)
         check_server_runs(manifest, kind, options.models)
-        self._tmp: tempfile.TemporaryDirectory | None = None
         self.model: RealTimeModel | None = None
-        if options.mode == SINGLE:
-            self._start_single(kind, manifest)
-        else:
-            self._start_multi(kind, manifest)
+        self.stack: LocalStack = self._start_single(kind) if options.mode == SINGLE else self._start_multi(kind)
+        self.server = self.stack.server
+        try:
+            self._meter_and_sampler(manifest, self.stack.model_directory)
+        except BaseException:
+            self.stack.close()
+            raise
         self.endpoint: MultiModelEndpoint | RealTimeEndpoint | None = None
         self.port: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -199,29 +190,18 @@ class LocalEndpoint:
         self._runner: web.AppRunner | None = None
         self._watchdog: asyncio.Task | None = None
 
-    def _server_config(self, **single) -> TritonServerConfig:
-        # As SageMaker's image runs it: HTTP, gRPC and metrics off, SAGEMAKER_TRITON_* honoured.
-        return TritonServerConfig(sagemaker_port=0, http_port=None, grpc_port=None, metrics_port=None,
-                                  sagemaker_env=dict(self.options.sagemaker_env), network=self.options.triton_network,
-                                  **single)
-
-    def _start_single(self, kind: str, manifest) -> None:
+    def _start_single(self, kind: ServerKind) -> SingleModelStack:
         """A real-time endpoint: the tarball unpacked as SageMaker does, Triton in single-model mode."""
         options = self.options
-        self._tmp = tempfile.TemporaryDirectory(prefix="mme-realtime-")
-        try:
-            self.model = prepare_repository(options.models, Path(self._tmp.name), options.sagemaker_env)
-        except BaseException:
-            self._tmp.cleanup()
-            raise
+        stack = build_single_model_stack(kind, options.models, sagemaker_env=options.sagemaker_env,
+                                         network=options.triton_network)
+        self.model = stack.model
         self.targets: tuple[str, ...] = ()
         self.cache: ModelCache | None = None
         self.disk_limit_bytes: int | None = None
-        config = self._server_config(model_repository=self.model.repository, default_model=self.model.default_model)
-        self.server = create_server(kind, config)
-        self._meter_and_sampler(manifest, self.model.repository)
+        return stack
 
-    def _start_multi(self, kind: str, manifest) -> None:
+    def _start_multi(self, kind: ServerKind) -> MultiModelStack:
         options = self.options
         source = source_from_uri(options.models, endpoint_url=options.s3_endpoint_url)
         if options.copies:
@@ -230,18 +210,15 @@ class LocalEndpoint:
         if not self.targets:
             self.reporter.warn(f"{options.models} holds no <name>.tar.gz yet: objects put there are served on their "
                                "first request")
-        cache_dir = choose_cache_root(options.cache_dir, server_class(kind).required_model_root())
-        if cache_dir is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="mme-cache-")
-            cache_dir = Path(self._tmp.name)
-        self.disk_limit_bytes = options.disk_limit_bytes or default_disk_limit(Path(cache_dir))
         # A python-backend model.py from S3 runs as this user unless Triton runs in a container.
         warner = (PythonBackendWarner(options.models, self.reporter.warn)
-                  if options.models.startswith("s3://") and kind != "docker" else None)
-        self.cache = ModelCache(cache_dir, source, disk_limit_bytes=self.disk_limit_bytes, in_use=self._in_use,
-                                on_fetch=warner)
-        self.server = create_server(kind, self._server_config(), model_root=self.cache.root)
-        self._meter_and_sampler(manifest, self.cache.root)
+                  if options.models.startswith("s3://") and not kind.in_container else None)
+        stack = build_stack(kind, source, cache_dir=options.cache_dir, sagemaker_env=options.sagemaker_env,
+                            network=options.triton_network, in_use=self._in_use, on_fetch=warner,
+                            disk_limit_bytes=options.disk_limit_bytes or default_disk_limit)
+        self.cache = stack.cache
+        self.disk_limit_bytes = stack.cache.disk_limit_bytes
+        return stack
 
     def _meter_and_sampler(self, manifest, disk_path: Path) -> None:
         instance_kind = manifest.triton.instance_kind if manifest is not None else None
@@ -331,10 +308,10 @@ class LocalEndpoint:
             # Nothing is in flight any more (the front drained); a load still running would hold
             # Triton's exit for the whole grace period, so then it gets none.
             abandoned = self.endpoint is not None and self.endpoint.abandoned_loads > 0
-            self.server.stop(grace_s=0.0 if abandoned else None)
-            self.sampler.close()
-            if self._tmp is not None:
-                self._tmp.cleanup()
+            try:
+                self.stack.close(grace_s=0.0 if abandoned else None)  # the server, then its temporary directory
+            finally:
+                self.sampler.close()
 
     def __enter__(self) -> "LocalEndpoint":
         return self.start_in_thread()

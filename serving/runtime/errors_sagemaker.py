@@ -31,8 +31,9 @@ OPERATION = "InvokeEndpoint"
 ERROR_TYPE_SUFFIX = ":http://internal.amazon.com/coral/com.amazon.sagemaker/"
 # Errors raised before the request reaches SageMaker's service code carry Coral's namespace.
 CORAL_SERVICE_SUFFIX = ":http://internal.amazon.com/coral/com.amazon.coral.service/"
+MAX_PAYLOAD_BYTES = 6_291_456  # InvokeEndpoint's body limit (a real-time request)
 DEFAULT_VARIANT = "AllTraffic"
-DEFAULT_ENDPOINT = "local"
+DEFAULT_ENDPOINT_NAME = "local"
 DEFAULT_ACCOUNT = "000000000000"
 PRIMARY_CONTAINER = "primary"
 # What SageMaker says when the container has not answered within 60 s (OriginalStatusCode 0).

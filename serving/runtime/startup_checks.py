@@ -5,7 +5,8 @@ one line and exit code 2 instead of an endpoint that fails on its first request:
   may start empty, as a SageMaker MME's often does), and a
   directory above artifact directories (``artifacts/`` or ``artifacts/<model>/``) is
   answered with the artifact directories to pass instead;
-* the chosen Triton can run the artifact's format: the local kind (the nvidia-pytriton
+* the chosen Triton can run the artifact's format, as its row of
+  :data:`serving.triton.factory.SERVER_KINDS` says: the local kind (the nvidia-pytriton
   wheel's CPU tritonserver) has only the python backend, so it serves the ``cpu-local``
   format and nothing else.
 """
@@ -16,28 +17,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mme.errors import UsageError
+from serving.triton.factory import ServerKind, backend_of, by_preference
 
 if TYPE_CHECKING:
     from packager.manifest import Manifest
-    from serving.store import ModelSource
+    from serving.models.store import ModelSource
 
 MAX_SUGGESTIONS = 4
-# Triton platform -> the backend that runs it
-PLATFORM_BACKENDS = {"onnxruntime_onnx": "onnxruntime", "tensorrt_plan": "tensorrt", "pytorch_libtorch": "pytorch",
-                     "tensorflow_savedmodel": "tensorflow", "tensorflow_graphdef": "tensorflow"}
-# server kind -> the backends its tritonserver has (None: all of Triton's, as SageMaker's image)
-KIND_BACKENDS: dict[str, frozenset[str] | None] = {"local": frozenset({"python"}), "system": None, "docker": None}
-KIND_TEXT = {"local": "the local server (the nvidia-pytriton wheel's CPU tritonserver, python backend only)",
-             "system": "the system server (SageMaker's Triton image)", "docker": "the docker server (NVIDIA's image)"}
-
-
-def artifact_directories(directory: Path) -> list[Path]:
-    """Artifact directories (holding manifest.json) at most two levels below ``directory``."""
-    from packager.manifest import MANIFEST_NAME
-
-    found = [p.parent for p in directory.glob(f"*/{MANIFEST_NAME}")]
-    found += [p.parent for p in directory.glob(f"*/*/{MANIFEST_NAME}")]
-    return sorted(found)
 
 
 def _suggest(found: list[Path]) -> str:
@@ -57,6 +43,8 @@ def served_targets(source: "ModelSource", models: str) -> tuple[str, ...]:
     targets = tarball_targets(source)
     local = not models.startswith("s3://")
     if local and not any("/" not in t for t in targets):
+        from packager.manifest import artifact_directories
+
         found = artifact_directories(Path(models.removeprefix("file://")))
         if found:
             raise UsageError(f"{models} holds no .tar.gz of its own: it is above the artifact directories; pass "
@@ -69,24 +57,16 @@ def served_targets(source: "ModelSource", models: str) -> tuple[str, ...]:
     return targets
 
 
-def backend_of(manifest: "Manifest") -> str | None:
-    """The Triton backend that runs the artifact (its config's backend, or its platform's)."""
-    triton = manifest.triton
-    if triton.backend:
-        return triton.backend
-    return PLATFORM_BACKENDS.get(triton.platform or "", triton.platform)
-
-
-def check_server_runs(manifest: "Manifest | None", kind: str, artifact: str) -> None:
-    """Refuse, naming a server kind that can, an artifact the ``kind`` of Triton cannot load."""
+def check_server_runs(manifest: "Manifest | None", kind: ServerKind, artifact: str) -> None:
+    """Refuse, naming the server kinds that can, an artifact the ``kind`` of Triton cannot load."""
     if manifest is None:
         return
-    have = KIND_BACKENDS.get(kind)
-    backend = backend_of(manifest)
-    if have is None or backend is None or backend in have:
+    backend = backend_of(manifest.triton)
+    if kind.runs(backend):
         return
-    can = [k for k, backends in KIND_BACKENDS.items() if backends is None or backend in backends]
+    can = [k for k in by_preference() if k.runs(backend)]
     raise UsageError(
-        f"{artifact} is the {manifest.format} format (Triton backend {backend}), which {KIND_TEXT[kind]} cannot load; "
-        f"pass --server {' or --server '.join(can)} where SageMaker's or NVIDIA's Triton is available, or serve the "
-        f"cpu-local format on this host ('mme package {manifest.requested_name} --formats cpu-local')")
+        f"{artifact} is the {manifest.format} format (Triton backend {backend}), which {kind.text} cannot load; "
+        f"pass --server {' or --server '.join(k.name for k in can)} where {' or '.join(k.triton for k in can)} Triton "
+        f"is available, or serve the cpu-local format on this host ('mme package {manifest.requested_name} --formats "
+        "cpu-local')")

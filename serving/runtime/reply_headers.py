@@ -1,7 +1,7 @@
 """The local endpoint's own reply headers on invocations: not SageMaker's (its clients, boto3
 included, ignore them), added so a load test can tell a request that waited for its model to
 be fetched and loaded (cold) from one served by a loaded model (warm), per request, without
-guessing from latency. Written by serving/front.py, read by bench/client.py; no dependencies,
+guessing from latency. Written by serving/runtime/front.py, read by bench/client.py; no dependencies,
 so the bench image imports it without the serving stack."""
 
 COLD_HEADER = "X-Mme-Cold"  # "1": the target was not loaded when the request came; "0": it was

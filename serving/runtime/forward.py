@@ -22,8 +22,8 @@ So the copy runs to its answer in the background, and :meth:`Forwarder.outstandi
 request of a target that the container may still be running; ``on_idle(target)`` is called when
 that count drops to zero.
 
-The wire protocol (path, target header) comes from serving/container.py; a connection that
-gives no answer raises its :class:`~serving.container.ContainerUnreachable`, as the management
+The wire protocol (path, target header) comes from serving/triton/container.py; a connection that
+gives no answer raises its :class:`~serving.triton.container.ContainerUnreachable`, as the management
 calls do.
 """
 
@@ -35,9 +35,9 @@ from typing import Callable, Mapping
 
 import aiohttp
 
-from serving.cache_entries import cache_key
-from serving.container import INVOCATIONS_PATH, invoke_headers, invoke_path, unreachable
-from serving.container_transport import aiohttp_connector
+from serving.models.cache_entries import cache_key
+from serving.triton.container import INVOCATIONS_PATH, invoke_headers, invoke_path, unreachable
+from serving.triton.container_transport import aiohttp_connector
 
 MIN_HEDGE_S = 0.05  # never send a second copy sooner than this
 HEDGE_FACTOR = 4.0  # ... or sooner than this many times the target's usual latency

@@ -1,0 +1,210 @@
+"""Unpack a ``.tar.gz`` safely: the one extractor every stage uses (a model tarball the local
+MME serves, :mod:`serving.models.extract`; a SageMaker job's output pulled back,
+:mod:`packager.remote.catalogue_jobs`).
+
+One streaming pass over the gzip stream: each member's header is checked before anything
+is written (absolute paths, ``..``, links, devices, duplicates, size and count limits, and the
+ratio of declared to compressed bytes that gives a gzip bomb away), the data is written with
+tarfile's ``data`` filter, the rest of the gzip stream is read so its CRC and length are
+verified, and the tarball's sha256 is computed on the way. A refused archive raises an
+:class:`ArtifactError` as soon as its header is read; callers unpack into a staging directory
+of their own so that nothing of it is left behind.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import posixpath
+import tarfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from mme.errors import MmeError
+
+GIB = 1024**3
+
+
+class ArtifactError(MmeError):
+    """A tarball was refused; nothing was extracted."""
+
+    sagemaker_error = "ValidationError"  # how SageMaker answers a request for a model it refuses
+    retryable = False  # the tarball must be fixed (or the limit raised) first
+
+
+class CorruptArtifact(ArtifactError):
+    """Not a complete, valid gzip-compressed tar archive."""
+
+
+class UnsafeArtifact(ArtifactError):
+    """A member would write outside the destination or create something other than files and directories."""
+
+
+class ArtifactTooLarge(ArtifactError):
+    """More bytes or members than the configured limits."""
+
+
+class ExceedsDiskBudget(ArtifactTooLarge):
+    """The files would pass the disk budget given to the extraction (the cache's disk limit, or the
+    free space of its filesystem); extraction stopped there."""
+
+
+class TooManyMembers(ArtifactTooLarge):
+    """More members than ExtractLimits.max_members."""
+
+
+@dataclass(frozen=True)
+class DiskBudget:
+    """At most ``bytes`` of file contents may be written; ``why`` says where the bound comes from
+    and how to raise it, for the message (``"the disk limit (mme serve --disk-limit)"``)."""
+
+    bytes: int
+    why: str
+
+
+@dataclass(frozen=True)
+class ExtractLimits:
+    # roberta-large fp32 ONNX is ~1.4 GB, and TensorRT plans or ensembles add more; 16 GiB
+    # still stops a gzip bomb long before a disk fills.
+    max_total_bytes: int = 16 * GIB
+    max_members: int = 10_000
+    allow_links: bool = False  # True: symlinks/hard links whose targets stay inside the archive
+    # A gzip bomb under the size cap (2.3 MB of zeros unpacking to 2.2 GiB) is stopped by the
+    # ratio of declared to compressed bytes, read from each member's header before it is written.
+    # Weights barely compress (1.05-1.1x); tokenizer files about 4x. Below the floor any ratio goes.
+    max_ratio: float = 100.0
+    ratio_floor_bytes: int = 64 * 2**20
+
+    def __post_init__(self) -> None:
+        if self.max_total_bytes < 1 or self.max_members < 1 or self.max_ratio <= 1:
+            raise ValueError(f"ExtractLimits must be positive, got {self}")
+
+    def times(self, n: int) -> "ExtractLimits":
+        """These limits for an archive holding ``n`` such archives' worth (a job's output of n models)."""
+        n = max(1, n)
+        return ExtractLimits(self.max_total_bytes * n, self.max_members * n, self.allow_links, self.max_ratio,
+                             self.ratio_floor_bytes)
+
+
+@dataclass(frozen=True)
+class Unpacked:
+    members: int
+    total_bytes: int  # uncompressed bytes of regular files
+    tarball_bytes: int
+    sha256: str  # of the tarball
+
+
+class _HashingReader:
+    """File wrapper that hashes and counts every byte read through it."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self._raw = raw
+        self.digest = hashlib.sha256()
+        self.count = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._raw.read(size)
+        self.digest.update(data)
+        self.count += len(data)
+        return data
+
+    def drain(self) -> None:
+        while self.read(1 << 20):
+            pass
+
+
+def _check_member(member: tarfile.TarInfo, seen: dict[str, bool], limits: ExtractLimits, name: str) -> str:
+    """Return the member's normalised path or raise; called before the member is written."""
+    raw = member.name
+    if raw.startswith("/"):
+        raise UnsafeArtifact(f"{name}: member {raw!r} has an absolute path; tar the model with relative paths (tar -C dir -czf ...)")
+    norm = posixpath.normpath(raw)
+    if norm == ".." or norm.startswith("../") or ".." in raw.split("/"):
+        raise UnsafeArtifact(f"{name}: member {raw!r} has a '..' path segment; tar the model with plain relative paths")
+    if "\x00" in raw:
+        raise UnsafeArtifact(f"{name}: member {raw!r} has a NUL character in its name; rebuild the tarball")
+    if member.issym() or member.islnk():
+        kind = "symlink" if member.issym() else "hard link"
+        if not limits.allow_links:
+            raise UnsafeArtifact(f"{name}: member {raw!r} is a {kind} to {member.linkname!r}; replace links with the files themselves")
+        base = posixpath.dirname(norm) if member.issym() else ""
+        target = posixpath.normpath(posixpath.join(base, member.linkname))
+        if member.linkname.startswith("/") or target == ".." or target.startswith("../"):
+            raise UnsafeArtifact(f"{name}: {kind} {raw!r} points outside the model ({member.linkname!r}); replace it with the file")
+    elif member.isreg():
+        if member.issparse():
+            raise UnsafeArtifact(f"{name}: member {raw!r} is a sparse file; rebuild the tarball without --sparse")
+    elif not member.isdir():
+        raise UnsafeArtifact(f"{name}: member {raw!r} is a device, FIFO or other special file; only files and directories are allowed")
+    parts = norm.split("/")
+    for i in range(1, len(parts)):
+        if seen.get("/".join(parts[:i])) is False:
+            raise UnsafeArtifact(f"{name}: member {raw!r} is inside {'/'.join(parts[:i])!r}, which is not a directory; rebuild the tarball")
+    if norm in seen and not (seen[norm] and member.isdir()):
+        raise UnsafeArtifact(f"{name}: member {raw!r} appears twice; rebuild the tarball")
+    seen[norm] = member.isdir()
+    return norm
+
+
+def _check_size(total: int, compressed: int, limits: ExtractLimits, name: str, budget: DiskBudget | None) -> None:
+    """Raise when ``total`` file bytes so far pass a limit, the budget, or the bomb ratio."""
+    if total > limits.max_total_bytes:
+        raise ArtifactTooLarge(
+            f"{name} unpacks to more than {limits.max_total_bytes:,} bytes; raise max_total_bytes if the model really is that large"
+        )
+    if budget is not None and total > budget.bytes:
+        raise ExceedsDiskBudget(
+            f"{name} unpacks to more than the {budget.bytes:,} bytes {budget.why} leaves for it; extraction stopped there"
+        )
+    if total > limits.ratio_floor_bytes and total > limits.max_ratio * compressed:
+        raise ArtifactTooLarge(
+            f"{name} would unpack {compressed:,} compressed bytes to more than {total:,} "
+            f"({total / compressed:,.0f}x, the limit is {limits.max_ratio:g}x): a gzip bomb, "
+            "or a model that compresses unusually well; raise max_ratio if you trust it"
+        )
+
+
+def safe_extract(tarball: Path, into: Path, limits: ExtractLimits = ExtractLimits(), *, name: str | None = None,
+                 budget: DiskBudget | None = None) -> Unpacked:
+    """Stream-extract ``tarball`` into the directory ``into``, or raise an :class:`ArtifactError`.
+    ``name`` (default: the file's name) is how messages call the tarball (the object it came
+    from). Every bound is checked from the member's header, before its data is written;
+    ``budget`` stops the extraction as soon as the files would pass it (ExceedsDiskBudget)."""
+    tarball = Path(tarball)
+    name = name or tarball.name
+    members = total = 0
+    seen: dict[str, bool] = {".": True}  # normalised name -> is a directory
+    compressed = max(1, tarball.stat().st_size)
+    with open(tarball, "rb") as fh:
+        if fh.read(2) != b"\x1f\x8b":
+            raise CorruptArtifact(f"{name} is not gzip-compressed; an MME model must be a .tar.gz (tar -czf)")
+        fh.seek(0)
+        hashing = _HashingReader(fh)
+        try:
+            with gzip.GzipFile(fileobj=hashing, mode="rb") as gz:  # type: ignore[call-overload]  # duck-typed reader
+                with tarfile.open(fileobj=gz, mode="r|") as tar:
+                    for member in tar:
+                        members += 1
+                        if members > limits.max_members:
+                            raise TooManyMembers(
+                                f"{name} has more than {limits.max_members} members; raise max_members or package fewer files"
+                            )
+                        _check_member(member, seen, limits, name)
+                        if member.isreg():
+                            total += member.size
+                            _check_size(total, compressed, limits, name, budget)
+                        tar.extract(member, path=into, filter="data")
+                while gz.read(1 << 20):  # the rest of the gzip stream: verifies CRC and length
+                    pass
+            hashing.drain()
+        except (tarfile.ReadError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
+            raise CorruptArtifact(f"{name} is truncated or corrupt ({exc}); re-upload or re-package it") from None
+        except tarfile.FilterError as exc:
+            raise UnsafeArtifact(f"{name}: {exc}; rebuild the tarball with plain files") from None
+        except tarfile.TarError as exc:
+            raise CorruptArtifact(f"{name} is not a valid tar archive ({exc}); re-package it") from None
+    if members == 0:
+        raise CorruptArtifact(f"{name} is an empty archive; package the model directory into it")
+    return Unpacked(members, total, hashing.count, hashing.digest.hexdigest())
