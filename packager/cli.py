@@ -1,4 +1,6 @@
-"""``mme package``: argument parsing only; the work is in ``packager.pipeline``."""
+"""``mme package``: argument parsing only. The package options are the table of
+``packager.options``; the work is in ``packager.pipeline`` (one model) and
+``packager.catalogue_run`` (a catalogue)."""
 
 from __future__ import annotations
 
@@ -6,13 +8,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from mme.argtypes import int_list, non_negative_float, non_negative_int, positive_float, positive_int
+from mme.argtypes import positive_float, positive_int
+from mme.errors import UsageError
 from mme.progress import Reporter
+from packager.options import add_package_options, request_from_args
 
 if TYPE_CHECKING:
-    from packager.pipeline import PackageRequest
+    from packager.remote.catalogue_plan import JobsRequest
 
 # the options that only mean something with --on sagemaker: (argparse dest, option)
 SAGEMAKER_OPTIONS = (("instance_type", "--instance-type"), ("s3", "--s3"), ("role", "--role"), ("image_uri", "--image-uri"),
@@ -20,6 +24,7 @@ SAGEMAKER_OPTIONS = (("instance_type", "--instance-type"), ("s3", "--s3"), ("rol
                      ("parallel_jobs", "--parallel-jobs"), ("max_runtime", "--max-runtime"), ("volume_gb", "--volume-gb"),
                      ("timeout", "--timeout"), ("poll_interval", "--poll-interval"), ("state_dir", "--state-dir"),
                      ("retry", "--retry"), ("dry_run", "--dry-run"))
+REQUIRED = ("instance_type", "s3", "role", "image_uri")
 
 
 def register(subparsers) -> None:
@@ -32,52 +37,8 @@ def register(subparsers) -> None:
     )
     p.add_argument("model", nargs="?", help="timm name (resnet50), Hugging Face name (bert-base-uncased) or hub id")
     p.add_argument("--list", action="store_true", help="list known models (MODEL, if given, is a filter like 'convnext*')")
-    p.add_argument("--formats", default="torchscript,onnx,cpu-local",
-                   help="comma-separated: torchscript, onnx, cpu-local, tensorrt, torch-tensorrt, or 'all' "
-                   "(default: %(default)s)")
-    p.add_argument("--out", type=Path, default=Path("artifacts"), help="output root (default: %(default)s)")
-    p.add_argument("--family", choices=("timm", "huggingface"), help="force the model family")
-    weights = p.add_mutually_exclusive_group()
-    weights.add_argument("--pretrained", dest="weights", action="store_const", const="pretrained",
-                         help="require pretrained weights from the hub (default: use them when reachable)")
-    weights.add_argument("--no-pretrained", dest="weights", action="store_const", const="random",
-                         help="random weights, same architecture and size (benchmarks)")
-    weights.add_argument("--weights", dest="weights_path", type=Path, metavar="PATH",
-                         help="local checkpoint file, or a local Hugging Face model directory")
-    p.add_argument("--image-size", type=positive_int, help="square image side (default: the model's, usually 224)")
-    p.add_argument("--seq-len", type=positive_int, help="max sequence length for text models (default: 128)")
-    p.add_argument("--max-batch-size", type=positive_int, default=16, help="Triton max_batch_size (default: %(default)s)")
-    p.add_argument("--opset", type=positive_int, default=18, help="ONNX opset, 17 or newer (default: %(default)s)")
-    p.add_argument("--precision", choices=("fp32", "tf32", "fp16"), default="fp32",
-                   help="precision of the TensorRT formats: fp32 (TF32 off), tf32 (matrix products in TF32 on "
-                   "Ampere+), fp16 (default: %(default)s)")
-    p.add_argument("--hardware-compatible", action="store_true",
-                   help="build TensorRT engines that load on every Ampere-or-newer GPU (compute capability 8.0+), "
-                   "not only on this GPU's architecture; somewhat slower")
-    p.add_argument("--atol", type=positive_float,
-                   help="absolute validation tolerance: an output passes where |export - PyTorch| <= atol + rtol x "
-                   "|PyTorch| (default: the family's, 1e-4; 1e-2 for tf32, 5e-2 for fp16 engines)")
-    p.add_argument("--rtol", type=non_negative_float,
-                   help="relative validation tolerance beside --atol, numpy.allclose's (default: 1e-3 for fp32, "
-                   "room for large logits and another device's arithmetic; 1e-2 for tf32 and fp16 engines; 0: absolute only)")
-    p.add_argument("--dynamic-batching", action=argparse.BooleanOptionalAction, default=True,
-                   help="enable Triton's dynamic batcher (default: on)")
-    p.add_argument("--preferred-batch-sizes", type=int_list, default=(), metavar="N,N",
-                   help="dynamic batcher preferred batch sizes (default: none)")
-    p.add_argument("--max-queue-delay-us", type=non_negative_int, default=100, help="dynamic batcher delay (default: %(default)s)")
-    p.add_argument("--instance-count", type=positive_int, default=1, help="model instances per GPU/CPU")
-    p.add_argument("--instance-kind", choices=("gpu", "cpu"), help="override KIND_GPU / KIND_CPU")
-    p.add_argument("--warmup", action="store_true", help="add a batch-1 model_warmup to config.pbtxt")
-    p.add_argument("--cpu-threads", type=non_negative_int, default=2,
-                   help="ONNX Runtime intra-op threads in the cpu-local model (0 = all cores) (default: %(default)s)")
-    p.add_argument("--workspace-gib", type=positive_float, default=4.0, help="TensorRT builder workspace (default: %(default)s)")
-    p.add_argument("--triton-release", help="serving release the artifacts target (default: mme/versions.toml's, the newest "
-                   "with a SageMaker image; python -m mme.versions --list)")
-    p.add_argument("--with-tokenizer", action="store_true",
-                   help="text models (BERT, DistilBERT): package a Triton ensemble of the model's WordPiece tokenizer "
-                   "and the encoder, so requests send text (a BYTES tensor TEXT) instead of token ids")
-    p.add_argument("--seed", type=non_negative_int, default=0, help="seed for random weights and sample inputs")
     p.add_argument("--json", action="store_true", help="print the packaged artifacts as JSON on stdout")
+    add_package_options(p)
     fleet = p.add_argument_group("catalogue (many models)")
     fleet.add_argument("--catalogue", type=Path, metavar="FILE",
                        help="package every model of a TOML catalogue ([defaults] and [[model]] tables with this "
@@ -114,35 +75,28 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mme.errors import UsageError
-
     if args.list:
         return _list(args)
     if args.catalogue and args.model:
         raise UsageError(f"mme package: give a MODEL or --catalogue FILE, not both ({args.model!r} and {args.catalogue})")
     if not args.model and not args.catalogue:
         raise UsageError("mme package: give a MODEL (e.g. resnet50), --catalogue FILE or --list (see 'mme package --help')")
-
-    from packager.pipeline import package
-
     if args.on == "sagemaker" and not args.catalogue:
         raise UsageError("--on sagemaker packages a --catalogue FILE (one model's TensorRT plan: mme compile --on sagemaker)")
     if args.on == "local":
         check_local_only(args)
-    if args.catalogue:
-        from packager.catalogue import run_catalogue
-
-        return run_catalogue(args)
-    request = request_from_args(args)
     reporter = Reporter(quiet=args.quiet)
-    artifacts = package(request, reporter)
+    if args.catalogue:
+        from packager.catalogue_run import package_catalogue
+
+        remote = jobs_request_from_args(args) if args.on == "sagemaker" else None
+        return package_catalogue(args.catalogue, args.out, reporter, jobs=args.jobs, remote=remote)
+
+    from packager.pipeline import package
+
+    artifacts = package(request_from_args(args, reporter), reporter)
     for artifact in artifacts:
-        m = artifact.manifest
-        size = artifact.tarball.stat().st_size / 1e6
-        reporter.info(
-            f"  {m.format:<15} -> {artifact.directory}  (max |diff| {m.validation.max_abs_diff:.2e}, "
-            f"{m.tarball} {size:.1f} MB, weights: {m.weights})"
-        )
+        reporter.info(artifact.line())
     if args.json:
         json.dump([a.manifest.to_dict() | {"directory": str(a.directory)} for a in artifacts], sys.stdout, indent=2)
         print()
@@ -151,60 +105,52 @@ def run(args: argparse.Namespace) -> int:
 
 def check_local_only(args: argparse.Namespace) -> None:
     """Refuse the SageMaker options without ``--on sagemaker`` (they would be ignored)."""
-    from mme.errors import UsageError
-
     given = [option for dest, option in SAGEMAKER_OPTIONS if getattr(args, dest, None) not in (None, False)]
     if given:
         raise UsageError(f"{given[0]} goes with --catalogue FILE --on sagemaker (packaging in SageMaker training jobs)")
 
 
-def request_from_args(args: argparse.Namespace) -> "PackageRequest":
-    """The PackageRequest of parsed ``mme package`` arguments (also what a catalogue entry becomes)."""
-    from packager.formats import parse_formats
-    from packager.formats.base import ExportOptions
-    from packager.model import ModelRequest
-    from packager.pipeline import PackageRequest
-    from packager.triton_config import TritonOptions
+def jobs_request_from_args(args: argparse.Namespace) -> "JobsRequest":
+    """The SageMaker side of ``--catalogue FILE --on sagemaker``, checked before anything is written."""
+    from packager.remote.catalogue_plan import JobsRequest, check_jobs_request
 
-    weights = "local" if args.weights_path else (args.weights or "auto")
-    return PackageRequest(
-        model=ModelRequest(
-            name=args.model, weights=weights, weights_path=args.weights_path,
-            image_size=args.image_size, seq_len=args.seq_len, seed=args.seed,
-        ),
-        formats=parse_formats(args.formats),
-        out=args.out,
-        family=args.family,
-        export=ExportOptions(
-            opset=args.opset, precision=args.precision,
-            cpu_threads=args.cpu_threads, workspace_gib=args.workspace_gib, hardware_compatible=args.hardware_compatible,
-        ),
-        triton=TritonOptions(
-            max_batch_size=args.max_batch_size, dynamic_batching=args.dynamic_batching,
-            preferred_batch_sizes=args.preferred_batch_sizes, max_queue_delay_us=args.max_queue_delay_us,
-            instance_count=args.instance_count,
-            instance_kind={"gpu": "KIND_GPU", "cpu": "KIND_CPU", None: None}[args.instance_kind],
-            warmup=args.warmup,
-        ),
-        atol=args.atol,
-        rtol=args.rtol,
-        triton_release=args.triton_release,
-        with_tokenizer=args.with_tokenizer,
+    missing = [option for dest, option in SAGEMAKER_OPTIONS if dest in REQUIRED and not getattr(args, dest)]
+    if missing:
+        raise UsageError(f"--on sagemaker needs {', '.join(missing)}: the GPU instance type you will serve on, a working "
+                         "S3 prefix, the SageMaker execution role and the builder image in ECR (make docker-build, "
+                         "then docker push it)")
+
+    def given(dest: str, field: str) -> Any:  # the option, else JobsRequest's default
+        value = getattr(args, dest)
+        return JobsRequest.__dataclass_fields__[field].default if value is None else value
+
+    request = JobsRequest(
+        s3=args.s3, instance_type=args.instance_type, role_arn=args.role, image_uri=args.image_uri, region=args.region,
+        shard_size=given("shard_size", "shard_size"), parallel_jobs=given("parallel_jobs", "parallel_jobs"),
+        jobs=args.jobs, volume_gb=given("volume_gb", "volume_gb"), max_runtime_s=given("max_runtime", "max_runtime_s"),
+        timeout_s=given("timeout", "timeout_s"), poll_interval_s=given("poll_interval", "poll_interval_s"),
+        state_dir=Path(given("state_dir", "state_dir")), s3_endpoint_url=args.s3_endpoint_url,
+        retry=bool(args.retry), dry_run=bool(args.dry_run),
     )
+    check_jobs_request(request)
+    return request
 
 
 def _list(args: argparse.Namespace) -> int:
     from packager import registry
     from packager.formats import FORMATS
-    from packager.sources import timm_source
 
     pattern = args.model
-    for family, names in registry.list_models(pattern, args.family).items():
-        if family == timm_source.FAMILY and not pattern:
-            featured = ", ".join(timm_source.FEATURED)
-            print(f"{family}: {len(names)} models (filter with 'mme package --list PATTERN'); from the articles: {featured}")
+    for family in registry.FAMILIES:
+        if args.family and family.name != args.family:
             continue
-        print(f"{family}: {len(names)} models")
+        names = family.list_models(pattern)
+        featured = family.source.featured
+        if featured and not pattern:
+            print(f"{family.name}: {len(names)} models (filter with 'mme package --list PATTERN'); from the articles: "
+                  f"{', '.join(featured)}")
+            continue
+        print(f"{family.name}: {len(names)} models")
         for name in names:
             print(f"  {name}")
     print("formats:")

@@ -32,14 +32,18 @@ from typing import Any, Mapping, Sequence
 
 from mme.errors import MmeError
 from mme.versions import Release, release as triton_release, releases_with_tensorrt, same_major_minor, same_tensorrt
+from packager.formats import FORMATS, format_of
 from packager.formats.gpu import HARDWARE_COMPATIBLE  # TensorRT's HardwareCompatibilityLevel.AMPERE_PLUS
-from packager.manifest import Manifest
+from packager.manifest import MANIFEST_NAME, Manifest, is_artifact_directory
 
-# Formats whose files hold serialized TensorRT engines (Torch-TensorRT embeds them in TorchScript).
-ENGINE_FORMATS = {"tensorrt": "TensorRT plan", "torch-tensorrt": "Torch-TensorRT module"}
-ENGINE_PLATFORMS = {"tensorrt_plan": "tensorrt"}
-TORCH_FORMATS = ("torchscript", "torch-tensorrt")
 AMPERE = (8, 0)
+
+
+def engine_format_of_platform(platform: str | None) -> str | None:
+    """The engine format a Triton platform belongs to when only that format uses it
+    (``tensorrt_plan``: tensorrt), else None."""
+    owners = [f for f in FORMATS.values() if f.platform and f.platform == platform]
+    return owners[0].name if len(owners) == 1 and owners[0].engine else None
 
 
 class PlanIncompatibleError(MmeError):
@@ -80,8 +84,9 @@ class EngineFacts:
     def _from_records(cls, model: Any, fmt: Any, platform: Any, versions: Mapping[str, Any],
                       details: Mapping[str, Any]) -> "EngineFacts":
         """From a manifest's parts: its ``versions`` and ``details`` as written in the file."""
-        if fmt not in ENGINE_FORMATS and fmt not in TORCH_FORMATS:
-            fmt = ENGINE_PLATFORMS.get(platform or "", fmt)
+        known = format_of(fmt)
+        if not (known and (known.engine or known.saved_by_torch)):
+            fmt = engine_format_of_platform(platform) or fmt
         return cls(
             model=str(model or "this model"),
             format=fmt,
@@ -109,11 +114,13 @@ class EngineFacts:
 
     @property
     def has_engine(self) -> bool:
-        return self.format in ENGINE_FORMATS
+        known = format_of(self.format)
+        return bool(known and known.engine)
 
     @property
     def what(self) -> str:
-        return f"{self.model} ({ENGINE_FORMATS.get(self.format or '', self.format or 'artifact')})"
+        known = format_of(self.format)
+        return f"{self.model} ({known.engine if known and known.engine else self.format or 'artifact'})"
 
 
 def _known(value: Any) -> str | None:
@@ -161,7 +168,8 @@ def check_plan_compatible(manifest: Any, release: Release) -> None:
             f"runs TensorRT {release.tensorrt}, and an engine loads only on the TensorRT it was built with: "
             f"{_rebuild(release)}, {alternative}"
         )
-    if facts.format == "torch-tensorrt":
+    known = format_of(facts.format)
+    if known and known.torch_tensorrt_engine:
         runtime = release.torch_tensorrt
         if facts.torch_tensorrt is None:
             raise PlanIncompatibleError(
@@ -240,7 +248,8 @@ def compat_warnings(manifest: Any, release: Release) -> list[str]:
     """What may still fail, said as warnings: TorchScript saved by a newer torch than the
     release's libtorch."""
     facts = EngineFacts.of(manifest)
-    if facts.format not in TORCH_FORMATS or not facts.torch or not release.torch:
+    known = format_of(facts.format)
+    if not (known and known.saved_by_torch) or not facts.torch or not release.torch:
         return []
     saved, runtime = _major_minor(facts.torch), _major_minor(release.torch)
     if saved is None or runtime is None or saved <= runtime:
@@ -264,8 +273,8 @@ def manifest_paths(paths: Sequence[Path]) -> list[Path]:
     for path in paths:
         if path.is_file():
             found.append(path)
-        elif (path / "manifest.json").is_file():
-            found.append(path / "manifest.json")
+        elif is_artifact_directory(path):
+            found.append(path / MANIFEST_NAME)
         else:
             found.extend(sorted(path.rglob("manifest.json")))
     return found

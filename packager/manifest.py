@@ -129,3 +129,18 @@ class Manifest:
             raise MmeError(f"{path} is not a manifest this mme reads: {exc}; re-run 'mme package'") from None
 
 
+
+
+def is_artifact_directory(path: Path) -> bool:
+    """Whether ``path`` is an artifact directory (``artifacts/<model>/<format>`` as 'mme package'
+    lays it out): the one check, it holds a manifest.json."""
+    return (Path(path) / MANIFEST_NAME).is_file()
+
+
+def artifact_directories(directory: Path) -> list[Path]:
+    """The artifact directories at most two levels below ``directory`` (``artifacts/`` holds
+    ``<model>/<format>``), for a message naming what to pass instead of their parent."""
+    directory = Path(directory)
+    found = [p for p in directory.glob("*") if is_artifact_directory(p)]
+    found += [p for p in directory.glob("*/*") if is_artifact_directory(p)]
+    return sorted(found)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import platform
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -22,30 +22,19 @@ from mme.fsutil import ensure_writable_dir, staged_directory
 from mme.progress import Reporter
 from mme.versions import release as triton_release
 from packager import layout
-from packager.formats import FORMATS, ExportContext, ExportOptions
+from packager.formats import FORMATS, ExportContext
 from packager.formats.gpu import check_precision
 from packager.formats.onnx_format import MIN_OPSET
 from packager.hub import hub_reachable, use_offline_mode
 from packager.manifest import Manifest
 from packager.manifest_records import BuildDetails, Source, TensorEntry, TritonSettings, TritonTarget, Validation
-from packager.model import ModelRequest, triton_model_name
-from packager.text_ensemble import TextEnsemble, check_text_family
-from packager.triton_config import TritonOptions, build_config
-from packager.validate import reference_cases, validate
+from packager.model import triton_model_name
+from packager.registry import resolve
+from packager.request import PackageRequest, request_fingerprint
+from packager.served import served_kind
+from packager.triton_config import build_config
 
-
-@dataclass(frozen=True)
-class PackageRequest:
-    model: ModelRequest
-    formats: tuple[str, ...]
-    out: Path
-    family: str | None = None
-    export: ExportOptions = field(default_factory=ExportOptions)
-    triton: TritonOptions = field(default_factory=TritonOptions)
-    atol: float | None = None
-    rtol: float | None = None  # None: the format's default (the family's, looser for tf32/fp16 engines)
-    triton_release: str | None = None
-    with_tokenizer: bool = False  # text models: an ensemble of the packaged tokenizer + the encoder (TEXT in)
+__all__ = ["PackageRequest", "PackagedArtifact", "check_request", "package", "request_fingerprint"]
 
 
 @dataclass(frozen=True)
@@ -58,18 +47,12 @@ class PackagedArtifact:
     def tarball(self) -> Path:
         return self.directory / self.manifest.tarball
 
-
-def request_fingerprint(request: PackageRequest) -> str:
-    """sha256 of everything that shapes the artifacts of ``request`` (all but where they go) and
-    of this toolkit's version: ``mme package --catalogue`` skips an entry whose manifests carry it."""
-    import dataclasses
-    import hashlib
-    import json
-
-    options = dataclasses.asdict(request)
-    options.pop("out")
-    document = json.dumps({"request": options, "mme-toolkit": __version__}, sort_keys=True, default=str)
-    return hashlib.sha256(document.encode()).hexdigest()
+    def line(self) -> str:
+        """One line for people: where it went, how close it validated, how big it is."""
+        m = self.manifest
+        size = self.tarball.stat().st_size / 1e6
+        return (f"  {m.format:<15} -> {self.directory}  (max |diff| {m.validation.max_abs_diff:.2e}, "
+                f"{m.tarball} {size:.1f} MB, weights: {m.weights})")
 
 
 def check_request(request: PackageRequest, *, build_here: bool = True) -> None:
@@ -107,11 +90,9 @@ def package(request: PackageRequest, reporter: Reporter) -> list[PackagedArtifac
     if not hub_reachable():
         use_offline_mode()  # cached weights still load; nothing waits on retries
 
-    from packager.registry import resolve  # imports timm / transformers
-
     family = resolve(request.model.name, request.family, request.model.weights_path)
-    if request.with_tokenizer:
-        check_text_family(request.model.name, family.name)
+    kind = served_kind(request)
+    kind.check_family(request.model.name, family)
     reporter.info(f"==> packaging {request.model.name} as {', '.join(request.formats)} into {model_root}")
     load_timings: dict[str, float] = {}
     with reporter.stage(f"load {request.model.name}", load_timings, "load"):
@@ -127,10 +108,9 @@ def package(request: PackageRequest, reporter: Reporter) -> list[PackagedArtifac
         max_batch = request.triton.max_batch_size
         ctx = ExportContext(model=model, options=request.export, workdir=workdir, reporter=reporter,
                             max_batch_size=max_batch, instance_kind=request.triton.instance_kind)
-        text = _text_model(request, model, reporter, load_timings) if request.with_tokenizer else None
+        served = kind.for_model(model, reporter, load_timings)
         with reporter.stage("reference outputs from PyTorch", load_timings, "reference"):
-            references = reference_cases(model, max_batch)
-            text_references = text.references(model, max_batch) if text else ()
+            references = served.references(model, max_batch)
         for index, format_name in enumerate(request.formats, start=1):
             fmt = FORMATS[format_name]
             reporter.info(f"[{index}/{len(request.formats)}] {format_name}: {fmt.description}")
@@ -143,25 +123,17 @@ def package(request: PackageRequest, reporter: Reporter) -> list[PackagedArtifac
             run = fmt.runner(exported, ctx)
             device, device_detail = fmt.validation_device(run)
             with reporter.stage(f"validate against PyTorch (on {device})", timings, "validate"):
-                validation = validate(model, exported, run, references, atol, reporter, rtol=rtol, device=device,
-                                      device_detail=device_detail).to_dict()
-                if text:
-                    validation = text.validate(model, exported, run, text_references, atol, reporter, validation,
-                                               rtol=rtol)
+                validation = served.validate(model, exported, run, references, atol=atol, rtol=rtol, device=device,
+                                             device_detail=device_detail, reporter=reporter)
             with staged_directory(model_root / format_name) as staging:
                 with reporter.stage("layout", timings, "layout"):
                     config = build_config(fmt, exported, request.triton, model.spec.axes,
                                           fmt.triton_parameters(request.export))
-                    if text:
-                        served, steps = text.layout(staging, name, model, exported, config, request.triton)
-                    else:
-                        layout.write_model_directory(staging, name, exported, config)
-                        sample = layout.write_sample_request(staging, model, exported)
-                        served, steps = layout.Served(model.spec, exported, sample), ()
+                    what, steps = served.layout(staging, name, model, exported, config, request.triton)
                 with reporter.stage("tarball", timings, "tarball"):
                     tarball = layout.write_tarball(staging, name, steps)
-                manifest = _manifest(request, family, model, fmt, served, config, tarball.name, staging,
-                                     validation, timings, release, text)
+                manifest = _manifest(request, family, model, fmt, what, config, tarball.name, staging,
+                                     validation, timings, release, served.details(name))
                 manifest.write(staging)
             results.append(PackagedArtifact(format_name, model_root / format_name, manifest))
     finally:
@@ -171,14 +143,8 @@ def package(request: PackageRequest, reporter: Reporter) -> list[PackagedArtifac
     return results
 
 
-def _text_model(request: PackageRequest, model, reporter: Reporter, timings: dict[str, float]) -> TextEnsemble:
-    """The tokenizer to package with ``model``, checked against Hugging Face's before any export."""
-    with reporter.stage("tokenizer: check against Hugging Face's", timings, "tokenizer"):
-        return TextEnsemble.for_model(model, reporter)
-
-
 def _manifest(request, family, model, fmt, served, config, tarball, staging, validation, timings,
-              release, text) -> Manifest:
+              release, served_details) -> Manifest:
     exported = served.exported
     versions = {"mme-toolkit": __version__, "python": platform.python_version(), **fmt.recorded_versions(exported),
                 **family.versions()}
@@ -201,9 +167,7 @@ def _manifest(request, family, model, fmt, served, config, tarball, staging, val
     spec = served.spec
     spec_names = {e.name: s.name for s, e in zip(spec.inputs + spec.outputs, exported.inputs + exported.outputs)}
     details = dict(exported.details) | {"task": spec.task, "axes_max": spec.axes,
-                                        "request_sha256": request_fingerprint(request)}
-    if text:
-        details |= text.details(triton_model_name(request.model.name))
+                                        "request_sha256": request_fingerprint(request)} | served_details
     return Manifest(
         model=triton_model_name(request.model.name),
         requested_name=request.model.name,

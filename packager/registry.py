@@ -1,7 +1,10 @@
 """The registry of model families and the one factory that loads a model by name.
 
-Like timm's registry: a small table of families, ``list_models`` filtering, and an error
-for an unknown name that offers the closest known names.
+Like timm's registry: a small table of families (:data:`FAMILIES`), ``list_models`` filtering,
+and an error for an unknown name that offers the closest known names. Each family is a row:
+its name, a description, and a source object implementing :class:`ModelSource` (load, list,
+what the family supports). ``mme package --family``'s choices, ``--list`` and the checks of
+``--with-tokenizer`` all read the table, so a new family is one row and its module.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
+from typing import Protocol
 
 from mme.errors import UnknownModelError
 from mme.progress import Reporter
@@ -17,29 +20,54 @@ from packager.model import LoadedModel, ModelRequest
 from packager.sources import hf_source, timm_source
 
 
-@dataclass(frozen=True)
-class ModelFamily:
-    name: str
-    description: str
-    module: ModuleType
+class ModelSource(Protocol):
+    """Where a family's models come from, and what the family supports."""
 
-    def list_models(self, pattern: str | None = None) -> list[str]:
-        return self.module.list_models(pattern)
+    supports_tokenizer: bool  # text models whose tokenizer --with-tokenizer packages
+    open_names: bool  # any name may be one of this family's (hub ids), not only the names it lists
+    featured: tuple[str, ...]  # --list without a pattern: a count and these names; () lists every name
 
-    def owns(self, name: str) -> bool:
-        return self.module.owns(name)
+    def list_models(self, pattern: str | None = None) -> list[str]: ...
 
-    def load(self, request: ModelRequest, reporter: Reporter) -> LoadedModel:
-        return self.module.load(request, reporter)
+    def owns(self, name: str) -> bool: ...
+
+    def owns_path(self, path: Path) -> bool:
+        """Whether local weights at ``path`` are this family's whatever the name (a model directory)."""
+        ...
+
+    def load(self, request: ModelRequest, reporter: Reporter) -> LoadedModel: ...
 
     def versions(self) -> dict[str, str]:
         """The family's library versions, for the manifest."""
-        return self.module.versions()
+        ...
 
 
+@dataclass(frozen=True)
+class ModelFamily:
+    name: str  # what --family takes and the manifest's source.family records
+    title: str  # how messages name it ("Hugging Face text models")
+    description: str
+    source: ModelSource
+
+    def list_models(self, pattern: str | None = None) -> list[str]:
+        return self.source.list_models(pattern)
+
+    def owns(self, name: str) -> bool:
+        return self.source.owns(name)
+
+    def load(self, request: ModelRequest, reporter: Reporter) -> LoadedModel:
+        return self.source.load(request, reporter)
+
+    def versions(self) -> dict[str, str]:
+        return self.source.versions()
+
+
+# In the order names are tried: the first family that owns a name packages it.
 FAMILIES: tuple[ModelFamily, ...] = (
-    ModelFamily(hf_source.FAMILY, "Hugging Face transformers encoders, with their tokenizer", hf_source),
-    ModelFamily(timm_source.FAMILY, "timm image models (any name timm.list_models() knows)", timm_source),
+    ModelFamily(hf_source.FAMILY, "Hugging Face", "Hugging Face transformers encoders, with their tokenizer",
+                hf_source.HuggingFaceSource()),
+    ModelFamily(timm_source.FAMILY, "timm", "timm image models (any name timm.list_models() knows)",
+                timm_source.TimmSource()),
 )
 
 
@@ -63,12 +91,13 @@ def resolve(name: str, family: str | None = None, weights_path: Path | None = No
     """The family that packages ``name``; an unknown name gets the closest known names."""
     if family:
         chosen = get_family(family)
-        # Any name can be a Hugging Face hub id; a timm name must be one timm knows.
-        if chosen.name == timm_source.FAMILY and not chosen.owns(name):
+        if not chosen.source.open_names and not chosen.owns(name):
             raise UnknownModelError(_unknown_message(name, chosen.list_models()))
         return chosen
-    if weights_path is not None and hf_source.owns_path(weights_path):
-        return get_family(hf_source.FAMILY)
+    if weights_path is not None:
+        for candidate in FAMILIES:
+            if candidate.source.owns_path(weights_path):
+                return candidate
     for candidate in FAMILIES:
         if candidate.owns(name):
             return candidate
@@ -80,4 +109,3 @@ def _unknown_message(name: str, known: list[str]) -> str:
     close = difflib.get_close_matches(name, known, n=5, cutoff=0.6)
     hint = f"did you mean {', '.join(close)}? " if close else ""
     return f"unknown model {name!r}; {hint}run 'mme package --list' to see the known models"
-

@@ -8,9 +8,10 @@ dynamic axis (``"sequence"``); its maximum is given in :attr:`IOSpec.axis_max`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
-import numpy as np
+if TYPE_CHECKING:  # annotations only: the command line reads the format table without loading numpy
+    import numpy as np
 
 # numpy dtype name -> (Triton config data type, KServe v2 datatype)
 _DTYPES = {
@@ -71,7 +72,7 @@ class TensorSpec:
         }
 
 
-InputMaker = Callable[[int, Mapping[str, int], int], dict[str, np.ndarray]]
+InputMaker = Callable[[int, Mapping[str, int], int], dict[str, "np.ndarray"]]
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,12 @@ FORMATS: dict[str, ModelFormat] = {
 }
 
 
+def format_of(name: str | None) -> ModelFormat | None:
+    """The format called ``name`` (a manifest's, an object's metadata), None for no name or one this
+    toolkit does not know: what a format is and holds is the format's to say, not its name's."""
+    return FORMATS.get(name or "")
+
+
 def parse_formats(text: str) -> tuple[str, ...]:
     """``"onnx,tensorrt"`` -> ("onnx", "tensorrt"); ``all`` means every format."""
     if text.strip() == "all":
@@ -34,6 +40,6 @@ def parse_formats(text: str) -> tuple[str, ...]:
 
 
 __all__ = [
-    "FORMATS", "parse_formats",
+    "FORMATS", "format_of", "parse_formats",
     "ExportContext", "ExportedModel", "ExportOptions", "ModelFormat",
 ]

@@ -6,16 +6,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from mme.progress import Reporter
 from mme.versions import Release
 from packager.model import LoadedModel
 from packager.spec import TensorSpec
 
-Runner = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
+if TYPE_CHECKING:  # annotations only: the command line reads the format table without loading numpy
+    import numpy as np
+
+Runner = Callable[[Mapping[str, "np.ndarray"]], dict[str, "np.ndarray"]]
 
 KIND_GPU = "KIND_GPU"  # Triton's instance_group kind of a model served on the GPU
 CPU, CUDA = "cpu", "cuda"  # where a validation ran, as the manifest records it
@@ -45,7 +46,7 @@ class ExportOptions:
     opset: int = 18
     precision: str = "fp32"  # fp32 | tf32 | fp16 (GPU formats; see packager.formats.gpu)
     cpu_threads: int = 2  # ONNX Runtime intra-op threads in the cpu-local model
-    workspace_gib: float = 4.0  # TensorRT builder workspace
+    workspace_mib: int = 4096  # TensorRT builder workspace (mme compile's --workspace-mib too)
     hardware_compatible: bool = False  # engines for every Ampere-or-newer GPU, not only this one
 
 
@@ -92,6 +93,12 @@ class ModelFormat:
     instance_kind: str = "KIND_GPU"  # KIND_GPU | KIND_CPU
     model_file: str = ""  # the model's file name inside <model>/1/
     libtorch_names: bool = False  # Triton's libtorch I/O naming (INPUT__0, OUTPUT__0) instead of the spec's
+    # What the rest of the toolkit asks of a format, so no other module compares format names:
+    runs_on_sagemaker_image: bool = True  # SageMaker's Triton image has the backend it needs
+    onnx_model: bool = False  # its model is an ONNX file ONNX Runtime runs (mme bench --in-process)
+    engine: str = ""  # the serialized TensorRT engine its files hold ("TensorRT plan"), "" for none
+    torch_tensorrt_engine: bool = False  # the engine is Torch-TensorRT's: its runtime ABI must match the release's
+    saved_by_torch: bool = False  # its files are saved by torch (TorchScript): the release's libtorch loads them
 
     def check_available(self, release: Release) -> None:
         """Raise GpuRequiredError (or MmeError) before any work if this format cannot be built

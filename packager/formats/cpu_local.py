@@ -26,6 +26,7 @@ class CpuLocalFormat(OnnxFormat):
     platform = None
     backend = "python"
     instance_kind = "KIND_CPU"
+    runs_on_sagemaker_image = False  # SageMaker's Triton image has no ONNX Runtime for the python backend
 
     def export(self, ctx: ExportContext) -> ExportedModel:
         onnx = super().export(ctx)

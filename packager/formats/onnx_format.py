@@ -109,6 +109,7 @@ class OnnxFormat(ModelFormat):
     description = "ONNX (opset >= 17, dynamic axes) for Triton's onnxruntime_onnx backend"
     platform: str | None = "onnxruntime_onnx"
     model_file = "model.onnx"
+    onnx_model = True
 
     def export(self, ctx: ExportContext) -> ExportedModel:
         return self.exported(ctx, {self.model_file: exported_onnx(ctx)}, {"opset": ctx.options.opset})

@@ -75,7 +75,7 @@ def build_plan(ctx: ExportContext, onnx_path: Path, dest: Path) -> dict:
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise ExportError(f"TensorRT could not parse the ONNX export: {errors}")
     config = builder.create_builder_config()
-    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(ctx.options.workspace_gib * (1 << 30)))
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, ctx.options.workspace_mib << 20)
     settings = configure_builder(trt, config, precision, ctx.options.hardware_compatible)
     profile = builder.create_optimization_profile()
     for tensor, lo, opt, hi in profile_shapes(ctx.model.spec, ctx.max_batch_size):
@@ -83,7 +83,7 @@ def build_plan(ctx: ExportContext, onnx_path: Path, dest: Path) -> dict:
     config.add_optimization_profile(profile)
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
-        raise ExportError("TensorRT failed to build the engine; rerun with a smaller --max-batch-size or --workspace-gib")
+        raise ExportError("TensorRT failed to build the engine; rerun with a smaller --max-batch-size or a larger --workspace-mib")
     dest.write_bytes(bytes(serialized))
     runtime = trt.Runtime(logger)
     engine = runtime.deserialize_cuda_engine(dest.read_bytes())
@@ -227,6 +227,7 @@ class TensorRTPlanFormat(GpuFormat):
     description = "TensorRT plan (GPU only) for Triton's tensorrt_plan platform"
     platform = "tensorrt_plan"
     model_file = "model.plan"
+    engine = "TensorRT plan"
 
     def check_available(self, release: Release) -> None:
         require_gpu(self.name, ("tensorrt",))

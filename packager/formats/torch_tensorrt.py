@@ -64,6 +64,9 @@ class TorchTensorRTFormat(GpuFormat):
     platform = "pytorch_libtorch"
     model_file = "model.pt"
     libtorch_names = True
+    engine = "Torch-TensorRT module"
+    torch_tensorrt_engine = True
+    saved_by_torch = True
 
     def check_available(self, release: Release) -> None:
         require_gpu(self.name, ("tensorrt", "torch_tensorrt"))

@@ -111,6 +111,7 @@ class TorchScriptFormat(ModelFormat):
     platform = "pytorch_libtorch"
     model_file = "model.pt"
     libtorch_names = True
+    saved_by_torch = True
 
     def export(self, ctx: ExportContext) -> ExportedModel:
         import torch

@@ -4,41 +4,34 @@
 
 ``job.json`` (written by ``catalogue_plan``) names the shard's catalogue next to it, the
 output directory (``/opt/ml/model``, which SageMaker uploads as ``output/model.tar.gz``), the
-failure file and ``--jobs``. The shard is packaged by ``mme package --catalogue`` as on any
-host, so its artifacts, ``catalogue-summary.*`` and ``catalogue-logs/`` come back as a local
-run leaves them; ``job_info.json`` adds the GPU and the toolkit version the job had.
+failure file and ``--jobs``. The shard is packaged by :func:`packager.catalogue_run.package_catalogue`,
+as ``mme package --catalogue`` packages it on any host, so its artifacts, ``catalogue-summary.*``
+and ``catalogue-logs/`` come back as a local run leaves them; ``job_info.json`` adds the GPU and
+the toolkit version the job had.
 
 The job completes when at least one entry was packaged (the summary says which failed, and
-the caller reports them); when none was, the first reason goes to the failure file, which
-SageMaker reports as the job's FailureReason, and the job fails.
+the caller reports them); when none was, or the shard could not start (the error raised), the
+reason goes to the failure file, which SageMaker reports as the job's FailureReason, and the job
+fails.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Sequence, TextIO
+from typing import Any, Sequence
+
+from mme import __version__
+from mme.errors import MmeError
+from mme.fsutil import write_json_atomic
+from mme.progress import Reporter
+from packager.catalogue_run import package_catalogue
+from packager.catalogue_summary import SUMMARY_NAME
 
 JOB_INFO = "job_info.json"
 MAX_REASON = 1000  # SageMaker keeps 1,024 characters of FailureReason
-
-
-class _Tee(io.TextIOBase):
-    """stderr that is also kept, to tell SageMaker why the run failed."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
-        self.kept = io.StringIO()
-
-    def write(self, text: str) -> int:
-        self.kept.write(text)
-        return self.stream.write(text)
-
-    def flush(self) -> None:
-        self.stream.flush()
 
 
 def gpu_info() -> dict[str, Any]:
@@ -65,32 +58,21 @@ def _fail(path: Path, reason: str) -> int:
 
 
 def run(config_path: Path) -> int:
-    from mme import __version__
-    from mme.cli import main
-    from mme.fsutil import write_json_atomic
-    from packager.catalogue import SUMMARY_NAME
-
     config = json.loads(config_path.read_text())
     out, failure = Path(config["out"]), Path(config["failure"])
     catalogue = config_path.parent / config["catalogue"]
     if config.get("mme_version") != __version__:
         print(f"note: planned by mme {config.get('mme_version')}, packaged by mme {__version__} (the artifacts record "
               "this one, so a later run packages them again)", file=sys.stderr)
-    tee = _Tee(sys.stderr)
-    saved, sys.stderr = sys.stderr, tee
     try:
-        code = main(["package", "--catalogue", str(catalogue), "--out", str(out), "--jobs", str(config.get("jobs", 1))])
-    finally:
-        sys.stderr = saved
-    summary_path = out / f"{SUMMARY_NAME}.json"
-    if not summary_path.is_file():
-        errors = [line for line in tee.kept.getvalue().splitlines() if line.startswith("mme: error:")]
-        reason = errors[-1] if errors else f"mme package --catalogue exited {code} without a summary"
+        code = package_catalogue(catalogue, out, Reporter(), jobs=int(config.get("jobs", 1)))
+    except MmeError as exc:  # the shard, or /opt/ml/model, is wrong: nothing was packaged
+        reason = f"mme: error: {exc}"
         if "cannot write to --out" in reason:
             reason += f" (uid {os.getuid()}); SageMaker mounts it for root: push the job image (make docker-build-job)"
         return _fail(failure, f"{reason} (see the job's log in CloudWatch /aws/sagemaker/TrainingJobs)")
     write_json_atomic(out / JOB_INFO, {"mme_version": __version__, "exit_code": code, **gpu_info()})
-    summary = json.loads(summary_path.read_text())
+    summary = json.loads((out / f"{SUMMARY_NAME}.json").read_text())
     entries = summary.get("entries", [])
     done = [e for e in entries if e.get("status") in ("packaged", "up to date")]
     if entries and not done:

@@ -2,9 +2,9 @@
 jobs on the target GPU, the artifacts pulled back into ``--out`` as a local run leaves them.
 
 Each shard (``catalogue_plan``) runs as one training job in the builder image
-(``docker/builder``, pushed to ECR) on ``--instance-type``: the job packages its entries with
-``mme package --catalogue`` (TensorRT engines built and validated on the GPU they will serve
-on) and SageMaker uploads them as ``output/model.tar.gz``. ``--parallel-jobs`` jobs run at
+(``docker/builder``, pushed to ECR) on ``--instance-type``: the job packages its entries as
+``mme package --catalogue`` does (``packager.catalogue_run``; TensorRT engines built and
+validated on the GPU they will serve on) and SageMaker uploads them as ``output/model.tar.gz``. ``--parallel-jobs`` jobs run at
 once; a job SageMaker refuses for the account's instance quota waits for a running one to end.
 Each completed job's artifacts are unpacked (regular files and directories only, nothing
 outside the archive) and swapped into ``--out/<model>/<format>/``; an entry counts as
@@ -17,55 +17,31 @@ entries unpackaged.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from mme.archive import ArtifactError, ExtractLimits, safe_extract
 from mme.aws.errors import AwsError, CompileFailed, Interrupted, WaitTimeout
 from mme.aws.session import S3Uri, aws_errors, error_code, error_message, explain, s3_fail
 from mme.aws.state import SCHEMA_VERSION, StateDir, now_iso
-from mme.errors import UsageError
 from mme.fsutil import replace_directory
 from mme.progress import Reporter
-from packager.catalogue import LOGS_DIR, SUMMARY_NAME, Catalogue, EntryResult, format_rows, up_to_date
+from packager.catalogue import Catalogue
+from packager.catalogue_run import LOGS_DIR, up_to_date
+from packager.catalogue_summary import SUMMARY_NAME, EntryResult, format_rows
 from packager.remote.catalogue_entry import JOB_INFO
 from packager.remote.catalogue_plan import (
-    JOB_CONFIG, RETRYABLE, SHARD_FILE, JobsPlan, JobsRequest, ShardPlan, check_entries, check_jobs_request, plan_jobs,
+    JOB_CONFIG, RETRYABLE, SHARD_FILE, JobsPlan, JobsRequest, ShardPlan, check_entries, plan_jobs,
 )
 from packager.remote.job import find_job, put_bytes
-from packager.cli import SAGEMAKER_OPTIONS
 
 QUOTA_CODES = ("ResourceLimitExceeded",)
 ENDED = ("Completed", "Failed", "Stopped")
-REQUIRED = ("instance_type", "s3", "role", "image_uri")
-
-
-def jobs_request_from_args(args: argparse.Namespace) -> JobsRequest:
-    missing = [option for dest, option in SAGEMAKER_OPTIONS if dest in REQUIRED and not getattr(args, dest)]
-    if missing:
-        raise UsageError(f"--on sagemaker needs {', '.join(missing)}: the GPU instance type you will serve on, a working "
-                         "S3 prefix, the SageMaker execution role and the builder image in ECR (make docker-build, "
-                         "then docker push it)")
-    def given(dest: str, field: str) -> Any:  # the option, else JobsRequest's default
-        value = getattr(args, dest)
-        return JobsRequest.__dataclass_fields__[field].default if value is None else value
-
-    request = JobsRequest(
-        s3=args.s3, instance_type=args.instance_type, role_arn=args.role, image_uri=args.image_uri, region=args.region,
-        shard_size=given("shard_size", "shard_size"), parallel_jobs=given("parallel_jobs", "parallel_jobs"),
-        jobs=args.jobs, volume_gb=given("volume_gb", "volume_gb"), max_runtime_s=given("max_runtime", "max_runtime_s"),
-        timeout_s=given("timeout", "timeout_s"), poll_interval_s=given("poll_interval", "poll_interval_s"),
-        state_dir=Path(given("state_dir", "state_dir")), s3_endpoint_url=args.s3_endpoint_url,
-        retry=bool(args.retry), dry_run=bool(args.dry_run),
-    )
-    check_jobs_request(request)
-    return request
 
 
 # --- state ---------------------------------------------------------------------------------
@@ -131,12 +107,12 @@ def _download(s3: Any, job: dict, shard: ShardPlan, into: Path) -> Path:
     return local
 
 
-def _unpack(tarball: Path, into: Path, job_name: str) -> None:
-    """Regular files and directories only, nothing outside ``into`` (tarfile's "data" filter)."""
+def _unpack(tarball: Path, into: Path, job_name: str, entries: int) -> None:
+    """Regular files, directories and links within, nothing outside ``into``, within the size and
+    gzip-bomb limits of a model tarball per entry (:func:`mme.archive.safe_extract`)."""
     try:
-        with tarfile.open(tarball, "r:gz") as tar:
-            tar.extractall(into, filter="data")
-    except (tarfile.TarError, EOFError, OSError) as exc:
+        safe_extract(tarball, into, ExtractLimits(allow_links=True).times(entries), name=tarball.name)
+    except (ArtifactError, OSError) as exc:
         raise CompileFailed(f"the output of training job {job_name} is not a readable tar.gz ({exc}); "
                             "re-run with --retry") from None
 
@@ -144,6 +120,7 @@ def _unpack(tarball: Path, into: Path, job_name: str) -> None:
 def _install(extracted: Path, shard: ShardPlan, requests: dict[int, Any], results: dict[int, EntryResult],
              out: Path, reporter: Reporter) -> list[str]:
     """Swap each entry's artifacts into ``out``; the entries' results; the names left unpackaged."""
+    from packager.manifest import is_artifact_directory
     from packager.model import triton_model_name
 
     try:
@@ -158,7 +135,7 @@ def _install(extracted: Path, shard: ShardPlan, requests: dict[int, Any], result
         model = triton_model_name(entry.name)
         for fmt in request.formats:
             source = extracted / model / fmt
-            if (source / "manifest.json").is_file():
+            if is_artifact_directory(source):
                 (out / model).mkdir(parents=True, exist_ok=True)
                 replace_directory(source, out / model / fmt)
         log = extracted / LOGS_DIR / f"{entry.slug}.log"
@@ -192,7 +169,7 @@ def _finish(s3: Any, job: dict, shard: ShardPlan, requests: dict[int, Any], resu
         tarball = _download(s3, job, shard, staging)
         extracted = staging / "model"
         extracted.mkdir()
-        _unpack(tarball, extracted, shard.job_name)
+        _unpack(tarball, extracted, shard.job_name, len(shard.entries))
         tarball.unlink()
         try:
             info = json.loads((extracted / JOB_INFO).read_text())

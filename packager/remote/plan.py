@@ -30,6 +30,7 @@ from mme.hosts import check_training_host, training_warning
 from mme.progress import Reporter
 from mme.versions import release as triton_release, require_sagemaker_image
 from packager.compat import check_release_on_gpu
+from packager.formats.gpu import PRECISIONS
 from packager.manifest import Manifest
 from mme.instances import instance_gpu
 
@@ -56,7 +57,7 @@ class CompileRequest:
     precision: str = "fp16"
     hardware_compatible: bool = False  # an engine for every Ampere-or-newer GPU
     max_batch_size: int | None = None  # default: the manifest's
-    workspace_mib: int = 4096
+    workspace_mib: int = 4096  # TensorRT builder workspace: mme package's --workspace-mib (packager.options)
     out: Path | None = None  # default: <artifact>/../tensorrt
     volume_gb: int = 30
     max_runtime_s: int = 3600
@@ -212,8 +213,8 @@ def check_request(request: CompileRequest) -> None:
     check_role_arn(request.role_arn)
     if request.image_uri:
         check_image_uri(request.image_uri)
-    if request.precision not in ("fp32", "tf32", "fp16"):
-        raise AwsError(f"--precision {request.precision!r} must be fp32, tf32 or fp16")
+    if request.precision not in PRECISIONS:
+        raise AwsError(f"--precision {request.precision!r} must be {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}")
     if request.max_batch_size is not None and request.max_batch_size < 1:
         raise AwsError(f"--max-batch-size must be 1 or more (got {request.max_batch_size})")
     S3Uri.parse(request.s3)

@@ -11,15 +11,16 @@ from __future__ import annotations
 import fnmatch
 import logging
 from pathlib import Path
-from typing import Any, Mapping
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Mapping
 
 from mme.errors import WeightsUnavailableError
 from mme.progress import Reporter
 from packager.model import LoadedModel, ModelRequest
 from packager.spec import IOSpec, TensorSpec
 from packager.weights import load_with_weights
+
+if TYPE_CHECKING:
+    import numpy as np
 
 FAMILY = "huggingface"
 DEFAULT_SEQ_LEN = 128
@@ -190,6 +191,8 @@ def load(request: ModelRequest, reporter: Reporter) -> LoadedModel:
     vocab = int(config.vocab_size)
 
     def make_inputs(batch: int, axes: Mapping[str, int], seed: int) -> dict[str, np.ndarray]:
+        import numpy as np
+
         length = axes["sequence"]
         if tokenizer is not None:
             texts = [SAMPLE_TEXT + " " + "More text to fill the sequence. " * i for i in range(batch)]
@@ -244,3 +247,26 @@ def _load_state_dict(path: Path) -> dict:
 
     state = torch.load(str(path), map_location="cpu", weights_only=True)
     return state.get("state_dict", state) if isinstance(state, dict) else state
+
+
+class HuggingFaceSource:
+    """Hugging Face encoders as a family of :mod:`packager.registry` (its ``ModelSource``)."""
+
+    supports_tokenizer = True  # text models: --with-tokenizer packages their WordPiece tokenizer
+    open_names = True  # any name may be a hub id, beyond the built-in configurations listed
+    featured: tuple[str, ...] = ()  # --list shows every built-in name
+
+    def list_models(self, pattern: str | None = None) -> list[str]:
+        return list_models(pattern)
+
+    def owns(self, name: str) -> bool:
+        return owns(name)
+
+    def owns_path(self, path: Path) -> bool:
+        return owns_path(path)
+
+    def load(self, request: ModelRequest, reporter: Reporter) -> LoadedModel:
+        return load(request, reporter)
+
+    def versions(self) -> dict[str, str]:
+        return versions()

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Mapping
 
 from mme.progress import Reporter
 from packager.model import LoadedModel, ModelRequest
 from packager.spec import IOSpec, TensorSpec
 from packager.weights import load_with_weights
+
+if TYPE_CHECKING:
+    import numpy as np
 
 FAMILY = "timm"
 # The models the source articles benchmark, shown first in `mme package --list`.
@@ -79,6 +80,8 @@ def load(request: ModelRequest, reporter: Reporter) -> LoadedModel:
     )
 
     def make_inputs(batch: int, axes: Mapping[str, int], seed: int) -> dict[str, np.ndarray]:
+        import numpy as np
+
         rng = np.random.default_rng(seed)
         # Normalised images are roughly standard normal per channel.
         return {"pixel_values": rng.standard_normal((batch, channels, height, width), dtype=np.float32)}
@@ -97,3 +100,26 @@ def load(request: ModelRequest, reporter: Reporter) -> LoadedModel:
             "std": list(model.pretrained_cfg.get("std", ())),
         },
     )
+
+
+class TimmSource:
+    """timm as a family of :mod:`packager.registry` (its ``ModelSource``): only the names timm knows."""
+
+    supports_tokenizer = False  # image inputs
+    open_names = False  # a name must be one timm.list_models() knows
+    featured: tuple[str, ...] = FEATURED
+
+    def list_models(self, pattern: str | None = None) -> list[str]:
+        return list_models(pattern)
+
+    def owns(self, name: str) -> bool:
+        return owns(name)
+
+    def owns_path(self, path: Path) -> bool:
+        return False  # a local checkpoint file says nothing of its family: the name decides
+
+    def load(self, request: ModelRequest, reporter: Reporter) -> LoadedModel:
+        return load(request, reporter)
+
+    def versions(self) -> dict[str, str]:
+        return versions()

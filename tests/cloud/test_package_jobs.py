@@ -19,11 +19,12 @@ import pytest
 from mme.aws.state import StateDir
 from mme.cli import main
 from mme.progress import Reporter
-from packager.catalogue import entry_request, load_catalogue, triage
+from packager.catalogue import entry_request, load_catalogue
+from packager.catalogue_run import triage
 from packager.remote import catalogue_entry
 from packager.remote.catalogue_jobs import package_on_sagemaker, upload_inputs
 from packager.remote.catalogue_plan import JobsRequest, check_entries, image_release, plan_jobs
-from packager.pipeline import request_fingerprint
+from packager.request import request_fingerprint
 
 ROLE = "arn:aws:iam::123456789012:role/SageMakerExecution"
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/mme-builder:{release}"
@@ -125,7 +126,7 @@ def test_shards_become_valid_training_jobs_and_a_dry_run_writes_nothing(s3env, t
         assert job["InputDataConfig"][0]["DataSource"]["S3DataSource"]["S3Uri"] == shard.input_uri
         # the shard is a catalogue of its own: the same mme package arguments, entry by entry
         (tmp_path / "shard.toml").write_text(shard.catalogue_toml)
-        assert [e.argv for e in load_catalogue(tmp_path / "shard.toml").entries] == [e.argv for e in shard.entries]
+        assert [e.command_line for e in load_catalogue(tmp_path / "shard.toml").entries] == [e.command_line for e in shard.entries]
     # the same inputs give the same jobs; one changed entry changes its shard only
     again = plan_jobs(request, path, out, entries, fingerprints, set(), "us-east-1", s3env.client, store, Reporter(quiet=True))
     assert [s.job_name for s in again.shards] == [s.job_name for s in plan.shards]
@@ -186,7 +187,7 @@ def test_an_image_of_another_release_or_a_gpu_it_cannot_serve_refuses_the_entry(
 
 def test_jobs_package_the_catalogue_wait_for_quota_and_their_artifacts_land_as_a_local_run_leaves_them(
         s3env, tmp_path, stubbed, fake_clock, capsys, monkeypatch):
-    from packager.catalogue import up_to_date
+    from packager.catalogue_run import up_to_date
 
     out = tmp_path / "artifacts"
     path = write_catalogue(tmp_path, models("test_resnet", "test_vit"))

@@ -53,9 +53,9 @@ def test_entries_merge_over_defaults_and_relative_weights_resolve_next_to_the_fi
                                      'weights_path = "weights/bert"\n[[model]]\nname = "prajjwal1/bert-tiny"\n'
                                      'dynamic_batching = false\npreferred_batch_sizes = [2, 4]\n'))
     first, second = catalogue.entries
-    assert first.argv == ("bert-base-uncased", "--formats", "onnx,cpu-local", "--seq-len", "32", "--with-tokenizer",
+    assert first.command_line == ("bert-base-uncased", "--formats", "onnx,cpu-local", "--seq-len", "32", "--with-tokenizer",
                           "--weights", str((tmp_path / "weights" / "bert").resolve()))
-    assert second.argv == ("prajjwal1/bert-tiny", "--formats", "onnx,cpu-local", "--seq-len", "64",
+    assert second.command_line == ("prajjwal1/bert-tiny", "--formats", "onnx,cpu-local", "--seq-len", "64",
                            "--no-dynamic-batching", "--preferred-batch-sizes", "2,4")
     assert second.slug == "prajjwal1--bert-tiny"
 
@@ -106,5 +106,5 @@ def test_an_entry_sets_the_relative_tolerance_as_mme_package_does(tmp_path):
     catalogue = load_catalogue(write(tmp_path, '[defaults]\nrtol = 0.01\n[[model]]\nname = "test_resnet"\n'
                                                '[[model]]\nname = "test_vit"\nrtol = 0\n'))
     first, second = catalogue.entries
-    assert first.argv[-2:] == ("--rtol", "0.01") and entry_request(first, tmp_path).rtol == 0.01
+    assert first.command_line[-2:] == ("--rtol", "0.01") and entry_request(first, tmp_path).rtol == 0.01
     assert entry_request(second, tmp_path).rtol == 0.0  # absolute only, by atol alone

@@ -113,7 +113,8 @@ def test_mismatch_is_caught_and_nothing_is_left(tmp_path, capsys):
 def test_a_negative_rtol_is_refused(tmp_path, capsys):
     from mme.errors import UsageError
     from packager.model import ModelRequest
-    from packager.pipeline import PackageRequest, check_request
+    from packager.pipeline import check_request
+    from packager.request import PackageRequest
 
     code, _, err = run_cli(capsys, "package", "test_resnet", "--formats", "onnx", "--rtol=-1e-3",
                            "--out", str(tmp_path))

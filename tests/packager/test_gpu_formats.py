@@ -108,7 +108,7 @@ def test_text_model_plan_has_a_sequence_profile(tmp_path, capsys):
 def test_nvml_reads_this_gpu_and_its_compute_capability():
     import torch
 
-    from serving.memory import GpuMemoryMeter, gpu_compute_capability
+    from serving.monitor.memory import GpuMemoryMeter, gpu_compute_capability
 
     if importlib.util.find_spec("pynvml") is None:
         pytest.skip("nvidia-ml-py is not installed (make install-gpu)")

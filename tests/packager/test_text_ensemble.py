@@ -15,9 +15,10 @@ from transformers import BertConfig, BertModel, BertTokenizer, RobertaConfig, Ro
 from mme.errors import OutputValuesMismatchError, UsageError
 from mme.progress import Reporter
 from packager.backends.wordpiece_tokenizer import WordPieceTokenizer
-from packager.text_ensemble import VALIDATION_TEXTS, TextTokenizer, built_in_vocab, check_tokenizer, step_names
+from packager.text_ensemble import step_names
+from packager.text_tokenizer import VALIDATION_TEXTS, TextTokenizer, built_in_vocab, check_tokenizer
 from packager.triton_config import read_config
-from serving.extract import extract_model_tarball
+from serving.models.extract import extract_model_tarball
 from tests.packager.conftest import load_manifest, run_cli
 
 CONFIG = BertConfig(vocab_size=400, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37,
