@@ -1,5 +1,5 @@
-"""Charts of bench runs, as PNG bytes (matplotlib's Agg canvas; pyplot's global state is
-never touched, so this is safe in any process and needs no display).
+"""Charts of bench runs, as PNG bytes, drawn as every chart of the toolkit is (:mod:`mme.charts`:
+matplotlib's Agg canvas, never pyplot, so this is safe in any process and needs no display).
 
 * :func:`run_chart` — the first article's per-run figure: top, p50/p95 latency and
   throughput against concurrent users; bottom, successful and failed requests per user
@@ -14,37 +14,24 @@ never touched, so this is safe in any process and needs no display).
 
 from __future__ import annotations
 
-import io
 import math
 from collections import Counter
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from bench.cloudwatch_data import cloudwatch_series, utc_time
+from bench.cloudwatch_data import utc_time
 from bench.summary_records import common_users, stage_with_users
+from mme.charts import GRID_ALPHA, LEGEND_FONT_SIZE, figure, message_png, png
 
 if TYPE_CHECKING:  # matplotlib is imported when a chart is drawn, not when this module is
     from matplotlib.axes import Axes
-    from matplotlib.figure import Figure
 
+    from bench.cloudwatch_data import CloudWatchMetrics
     from bench.summary_records import RunSummary, StageSummary
 
 SATURATED_COLOUR = "#d62728"
 PARTIAL_COLOUR = "#7f7f7f"
 OK_COLOUR = "#2ca02c"
 FAIL_COLOUR = "#d62728"
-DPI = 110
-
-
-def _figure(width: float, height: float) -> "Figure":
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
-
-
-def _png(fig: "Figure") -> bytes:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    return buffer.getvalue()
 
 
 def _nan(value: float | None) -> float:
@@ -100,19 +87,12 @@ def _title(summary: "RunSummary") -> str:
     return f"{what} — endpoint {run.endpoint} on {where} — run {run.run_id}"
 
 
-def _empty(fig: "Figure", text: str) -> bytes:
-    ax = fig.add_subplot()
-    ax.set_axis_off()
-    ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=13)
-    return _png(fig)
-
-
 def run_chart(summary: "RunSummary") -> bytes:
     stages = [s for s in summary.stages if s.requests]
-    fig = _figure(11, 7.5)
+    fig = figure(11, 7.5)
     fig.suptitle(_title(summary), fontsize=11)
     if not stages:
-        return _empty(fig, "no requests recorded")
+        return message_png(fig, "no requests recorded")
     x = list(range(len(stages)))
     grid = fig.add_gridspec(2, 1, height_ratios=(2, 1))
     top = fig.add_subplot(grid[0])
@@ -124,7 +104,7 @@ def run_chart(summary: "RunSummary") -> bytes:
                       label="p95 latency (ms)")
     top.set_ylabel("latency (ms)")
     top.set_ylim(0, _top([s.latency_p95_ms for s in stages] + [s.latency_p50_ms for s in stages]))
-    top.grid(True, alpha=0.3)
+    top.grid(True, alpha=GRID_ALPHA)
     right = top.twinx()
     lines += right.plot(x, [_nan(s.requests_per_s) for s in stages], marker="^", color="tab:orange",
                         label="throughput (requests/s)")
@@ -134,8 +114,8 @@ def run_chart(summary: "RunSummary") -> bytes:
     right.set_ylabel("throughput (requests/s)")
     right.set_ylim(0, _top([s.requests_per_s for s in stages]))
     handles = lines + _marker_handles(stages)
-    top.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncol=len(handles), fontsize=8,
-               frameon=False)
+    top.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncol=len(handles),
+               fontsize=LEGEND_FONT_SIZE, frameon=False)
     top.tick_params(labelbottom=False)
 
     _shade(bottom, stages)
@@ -150,19 +130,19 @@ def run_chart(summary: "RunSummary") -> bytes:
     bottom.set_ylim(0, max(s.requests for s in stages) * 1.15)
     bottom.set_ylabel("requests")
     bottom.set_xlabel("concurrent users (one point per stage; * = partial stage)")
-    bottom.legend(loc="upper left", fontsize=8)
-    bottom.grid(True, axis="y", alpha=0.3)
+    bottom.legend(loc="upper left", fontsize=LEGEND_FONT_SIZE)
+    bottom.grid(True, axis="y", alpha=GRID_ALPHA)
     bottom.set_title("successful and failed requests per user level", fontsize=10)
     _user_ticks(bottom, stages)
-    return _png(fig)
+    return png(fig)
 
 
 def endpoint_chart(summary: "RunSummary") -> bytes:
     stages = [s for s in summary.stages if s.model_loads is not None]
-    fig = _figure(11, 3.8)
+    fig = figure(11, 3.8)
     fig.suptitle(f"endpoint model activity — {summary.label} — run {summary.run.run_id}", fontsize=10)
     if not stages:
-        return _empty(fig, "no endpoint metrics recorded")
+        return message_png(fig, "no endpoint metrics recorded")
     from matplotlib.ticker import MaxNLocator
 
     x = list(range(len(stages)))
@@ -177,20 +157,20 @@ def endpoint_chart(summary: "RunSummary") -> bytes:
     ]
     ax.set_ylabel("per stage")
     ax.set_ylim(bottom=0)
-    ax.grid(True, axis="y", alpha=0.3)
+    ax.grid(True, axis="y", alpha=GRID_ALPHA)
     right = ax.twinx()
     handles += right.plot(x, [_nan(s.loaded_model_count) for s in stages], marker="o", color="black",
                           label="LoadedModelCount (stage end)")
     right.set_ylabel("models loaded")
     handles += _marker_handles(stages)
-    ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncol=len(handles), fontsize=8,
-              frameon=False)
+    ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncol=len(handles),
+              fontsize=LEGEND_FONT_SIZE, frameon=False)
     for axis in (ax, right):
         axis.yaxis.set_major_locator(MaxNLocator(integer=True))
     right.set_ylim(0, max([s.loaded_model_count or 0 for s in stages] + [1]) * 1.1)
     ax.set_xlabel("concurrent users")
     _user_ticks(ax, stages)
-    return _png(fig)
+    return png(fig)
 
 
 # -- comparison ---------------------------------------------------------------------------
@@ -247,7 +227,7 @@ def normalised(values: Sequence[float | None], higher_is_better: bool) -> list[f
 
 def comparison_chart(summaries: Sequence["RunSummary"]) -> bytes:
     labels = distinct_labels(summaries)
-    fig = _figure(max(10, 2.6 * len(COMPARISON_METRICS) + 0.4 * len(summaries)), 5.8)
+    fig = figure(max(10, 2.6 * len(COMPARISON_METRICS) + 0.4 * len(summaries)), 5.8)
     fig.suptitle("run comparison — each metric relative to the best run (1.0 = best, higher is better)", fontsize=11)
     ax = fig.add_subplot()
     colours = [f"C{i % 10}" for i in range(len(summaries))]
@@ -266,9 +246,10 @@ def comparison_chart(summaries: Sequence["RunSummary"]) -> bytes:
     ax.set_ylim(0, 1.3)
     ax.set_ylabel("relative to best run")
     ax.axhline(1.0, color="black", linewidth=0.6, alpha=0.5)
-    ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=min(3, len(summaries)), fontsize=8)
-    return _png(fig)
+    ax.grid(True, axis="y", alpha=GRID_ALPHA)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=min(3, len(summaries)),
+              fontsize=LEGEND_FONT_SIZE)
+    return png(fig)
 
 
 # -- CloudWatch ---------------------------------------------------------------------------
@@ -301,12 +282,12 @@ CLOUDWATCH_PANELS: tuple[tuple[str, str, tuple[tuple[str, str, str, str], ...]],
 CLOUDWATCH_HIT_RATIO = ("ModelCacheHit", "Average")
 
 
-def cloudwatch_chart(summary: "RunSummary", data: object) -> bytes:
+def cloudwatch_chart(summary: "RunSummary", saved: "CloudWatchMetrics") -> bytes:
     """A grid of the endpoint's CloudWatch time series over the run, minutes since the run
-    started on x, stage starts as vertical lines. Raises ValueError when ``data`` is malformed."""
+    started on x, stage starts as vertical lines. Raises ValueError when there is no datapoint."""
     from datetime import timedelta
 
-    period, series = cloudwatch_series(data)
+    period, series = saved.period_s, saved.series
     moments = [t for points in series.values() for t, _ in points]
     if not moments:
         raise ValueError("no datapoints")
@@ -319,7 +300,7 @@ def cloudwatch_chart(summary: "RunSummary", data: object) -> bytes:
         x_label = "minutes since the first datapoint"
     middle = timedelta(seconds=period / 2)  # a datapoint covers [t, t + period): drawn at its middle
 
-    fig = _figure(12, 9.5)
+    fig = figure(12, 9.5)
     fig.suptitle(f"CloudWatch metrics ({period} s periods) — endpoint {summary.run.endpoint} — "
                  f"{summary.label} — run {summary.run.run_id}", fontsize=10)
     axes = fig.subplots(3, 2, sharex=True).ravel()
@@ -350,7 +331,7 @@ def cloudwatch_chart(summary: "RunSummary", data: object) -> bytes:
             top.tick_params(labelsize=7, colors="#555")
         ax.set_title(title, fontsize=9)
         ax.set_ylabel(unit)
-        ax.grid(True, alpha=0.3)
+        ax.grid(True, alpha=GRID_ALPHA)
         positive = [v for v in values if v > 0]
         if unit == "ms" and positive and max(positive) > 50 * min(positive):  # e.g. load waits of seconds next to ms overheads
             ax.set_yscale("log")
@@ -364,4 +345,4 @@ def cloudwatch_chart(summary: "RunSummary", data: object) -> bytes:
             ax.text(0.5, 0.5, "no datapoints", transform=ax.transAxes, ha="center", va="center", color="#777")
     for ax in axes[-2:]:
         ax.set_xlabel(x_label, fontsize=8)
-    return _png(fig)
+    return png(fig)

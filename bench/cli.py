@@ -11,12 +11,13 @@ import argparse
 import sys
 
 from bench.config import WORKER_MASTER_PORT
-from bench.request import DEFAULTS, BenchRequest, run_child, start_bench, worker_token_env
+from bench.child import run_child
+from bench.request import DEFAULTS, BenchRequest, start_bench, worker_token_env
 from mme.argtypes import non_negative_float, positive_float, positive_int, share
 from mme.errors import MmeError
 from mme.progress import Reporter
 
-DEFAULT_WAIT = ",".join(f"{s:g}" for s in DEFAULTS.wait)
+DEFAULT_WAIT = ",".join(f"{s:g}" for s in DEFAULTS.load.wait)
 
 
 def register(subparsers) -> None:
@@ -48,15 +49,15 @@ def register_bench(subparsers) -> None:
     target.add_argument("--endpoint-url", metavar="URL", help="runtime URL, e.g. http://127.0.0.1:8080 for 'mme serve' "
                         "(default: AWS's SageMaker runtime for --region)")
     target.add_argument("--region", help="AWS region (default: botocore's configured region, else us-east-1)")
-    target.add_argument("--mode", choices=("multi", "single"), default=DEFAULTS.mode,
+    target.add_argument("--mode", choices=("multi", "single"), default=DEFAULTS.endpoint.mode,
                         help="multi: a TargetModel per request (MME); single: a real-time endpoint (default: multi)")
     target.add_argument("--model", help="model name in the target names (default: the artifact's)")
-    target.add_argument("--copies", type=positive_int, default=DEFAULTS.copies, metavar="N",
+    target.add_argument("--copies", type=positive_int, default=DEFAULTS.targets.copies, metavar="N",
                         help="spread requests over <model>-v1..vN.tar.gz (default: the copies a local 'mme serve' "
                         "answers for, else its <model>.tar.gz; 1 elsewhere)")
-    target.add_argument("--distribution", default=DEFAULTS.distribution, metavar="uniform|zipf:S",
+    target.add_argument("--distribution", default=DEFAULTS.targets.distribution, metavar="uniform|zipf:S",
                         help="how targets are picked: uniform, or Zipf-skewed toward v1 (e.g. zipf:1.1; default: %(default)s)")
-    target.add_argument("--target-template", default=None, metavar="TEMPLATE",
+    target.add_argument("--target-template", default=DEFAULTS.targets.template, metavar="TEMPLATE",
                         help="target names if copies are named differently (default: '{model}-v{i}.tar.gz')")
     target.add_argument("--instance-type", help="recorded in run.json, e.g. ml.g5.2xlarge (default: 'local' for local URLs)")
 
@@ -66,7 +67,7 @@ def register_bench(subparsers) -> None:
                        "popularity: zipf:S (the catalogue's order is the popularity order) or a TOML file with [rates] "
                        "(model = requests/s), as for 'mme capacity --catalogue'")
     fleet.add_argument("--catalogue", metavar="FILE", help="the catalogue packaged by 'mme package --catalogue FILE'")
-    fleet.add_argument("--artifacts", default=DEFAULTS.artifacts, metavar="DIR",
+    fleet.add_argument("--artifacts", default=DEFAULTS.fleet.artifacts, metavar="DIR",
                        help="where the catalogue was packaged (default: %(default)s)")
     fleet.add_argument("--format", dest="mix_format", metavar="FORMAT",
                        help="the format of each entry to send (default: the entry's first)")
@@ -75,10 +76,10 @@ def register_bench(subparsers) -> None:
     body.add_argument("--binary", action="store_true", help="with --artifact: the binary+json sample instead of JSON")
     body.add_argument("--payload", metavar="FILE", help="send this file's bytes")
     body.add_argument("--content-type", metavar="CT", help="Content-Type of --payload (default for .json: application/json)")
-    body.add_argument("--accept", default=DEFAULTS.accept, help="Accept header (default: %(default)s)")
+    body.add_argument("--accept", default=DEFAULTS.payload.accept, help="Accept header (default: %(default)s)")
 
     load = p.add_argument_group("load shape")
-    load.add_argument("--shape", default=DEFAULTS.shape, metavar="SHAPE",
+    load.add_argument("--shape", default=DEFAULTS.load.shape, metavar="SHAPE",
                       help="staged (the article's 10..200 users over 340 s), ramp, constant, file:PATH (JSON list of "
                       '{"duration": cumulative_end_s, "users": n, "spawn_rate": r}) or open-loop (default: staged)')
     load.add_argument("--users", type=positive_int, help="ramp/constant: users")
@@ -87,40 +88,40 @@ def register_bench(subparsers) -> None:
                       "same stages stretched or compressed to this length (staged: 340 s unless given)")
     load.add_argument("--steps", type=positive_int, help="ramp: stages the ramp is reported in (default: up to 10)")
     load.add_argument("--rate", type=positive_float, metavar="R", help="open-loop: requests per second, all generators")
-    load.add_argument("--max-inflight", type=positive_int, default=DEFAULTS.max_inflight, metavar="N",
+    load.add_argument("--max-inflight", type=positive_int, default=DEFAULTS.load.max_inflight, metavar="N",
                       help="open-loop: cap on requests in flight; arrivals beyond it start late and are counted (1000)")
     load.add_argument("--warmup", action="store_true",
                       help="before the first stage, send each target one request and wait until it answers (its model "
                       "loaded), so the stages measure a warm endpoint; reported apart, in run.json's warmup")
-    load.add_argument("--in-process", type=non_negative_float, default=0.0, metavar="SECONDS",
+    load.add_argument("--in-process", type=non_negative_float, default=DEFAULTS.load.in_process, metavar="SECONDS",
                       help="before the load, run the artifact's model in this process (ONNX Runtime, batch 1, one call "
                       "after another) on its sample request for SECONDS: the report puts the endpoint's throughput next "
                       "to it; onnx and cpu-local artifacts, with --artifact (default: off)")
     load.add_argument("--time-scale", type=positive_float, metavar="F",
                       help="staged/file: run the shape F times as long (0.1: the 340 s staged shape in 34 s)")
-    load.add_argument("--wait", type=_wait_range, default=DEFAULTS.wait, metavar="MIN,MAX",
+    load.add_argument("--wait", type=_wait_range, default=DEFAULTS.load.wait, metavar="MIN,MAX",
                       help=f"closed loop: seconds each user waits between requests (default: {DEFAULT_WAIT})")
 
     gen = p.add_argument_group("generator")
-    gen.add_argument("--client", choices=("fast", "boto3"), default=DEFAULTS.client,
+    gen.add_argument("--client", choices=("fast", "boto3"), default=DEFAULTS.client.kind,
                      help="fast: SigV4 over geventhttpclient; boto3: the articles' invoke_endpoint (default: fast)")
-    gen.add_argument("--workers", type=positive_int, default=DEFAULTS.workers, metavar="K",
+    gen.add_argument("--workers", type=positive_int, default=DEFAULTS.generators.workers, metavar="K",
                      help="K > 1: a Locust master and K local worker processes (default: 1, one process, no master; "
                      "with --expect-workers only the remote workers generate load unless K > 1)")
-    gen.add_argument("--expect-workers", type=int, default=DEFAULTS.expect_workers, metavar="N",
+    gen.add_argument("--expect-workers", type=int, default=DEFAULTS.generators.expect_workers, metavar="N",
                      help="also wait for N 'mme bench-worker' processes from other machines")
-    gen.add_argument("--master-bind-host", default=None, metavar="ADDRESS",
+    gen.add_argument("--master-bind-host", default=DEFAULTS.generators.master_bind_host, metavar="ADDRESS",
                      help="where the master listens (default: 127.0.0.1, this machine only); give this host's "
                      "address to accept 'mme bench-worker' from other machines")
-    gen.add_argument("--master-port", type=int, default=DEFAULTS.master_port, metavar="PORT",
+    gen.add_argument("--master-port", type=int, default=DEFAULTS.generators.master_port, metavar="PORT",
                      help=f"master port (default: {WORKER_MASTER_PORT} with --expect-workers, mme bench-worker's default; "
                      "else any free port)")
-    gen.add_argument("--worker-token", default=None, metavar="TOKEN",
+    gen.add_argument("--worker-token", default=DEFAULTS.generators.worker_token, metavar="TOKEN",
                      help="shared secret workers must present (default: $MME_BENCH_WORKER_TOKEN, else one is "
                      "made for the run and printed in the line that says how to join)")
-    gen.add_argument("--worker-wait", type=positive_float, default=DEFAULTS.worker_wait, metavar="S",
+    gen.add_argument("--worker-wait", type=positive_float, default=DEFAULTS.generators.worker_wait, metavar="S",
                      help="how long to wait for workers to connect (default: 60)")
-    gen.add_argument("--timeout", type=positive_float, default=DEFAULTS.timeout, metavar="S", help="per-request timeout (default: 60)")
+    gen.add_argument("--timeout", type=positive_float, default=DEFAULTS.client.timeout, metavar="S", help="per-request timeout (default: 60)")
     gen.add_argument("--seed", type=int, help="seed for target picking")
 
     stop = p.add_argument_group("stop conditions and output")
@@ -130,13 +131,13 @@ def register_bench(subparsers) -> None:
                       help="when the run ends (shape done, a stop condition, Ctrl-C), no new request starts and those "
                            "in flight get S seconds to answer; any still in flight then are recorded as cut off "
                            "(default: --timeout). A second Ctrl-C cuts the drain short")
-    stop.add_argument("--max-failure-rate", type=share, default=DEFAULTS.max_failure_rate, metavar="F",
+    stop.add_argument("--max-failure-rate", type=share, default=DEFAULTS.stops.max_failure_rate, metavar="F",
                       help="exit with code 1 when more than this share of requests failed (default: %(default)s)")
-    stop.add_argument("--out", default=DEFAULTS.out, help="results root; the run goes to OUT/<run-id>/ (default: %(default)s)")
+    stop.add_argument("--out", default=DEFAULTS.output.out, help="results root; the run goes to OUT/<run-id>/ (default: %(default)s)")
     stop.add_argument("--run-id", help="name of the run directory (default: <UTC time>-<model or endpoint>)")
-    stop.add_argument("--progress-interval", type=positive_float, default=DEFAULTS.progress_interval, metavar="S",
+    stop.add_argument("--progress-interval", type=positive_float, default=DEFAULTS.output.progress_interval, metavar="S",
                       help="seconds between progress lines on stderr (default: 5)")
-    stop.add_argument("--metrics-interval", type=positive_float, default=DEFAULTS.metrics_interval, metavar="S",
+    stop.add_argument("--metrics-interval", type=positive_float, default=DEFAULTS.output.metrics_interval, metavar="S",
                       help="seconds between snapshots of the endpoint's metrics within a stage, where it serves "
                            "/metrics.json (also one before the run and one at each stage end; default: 10)")
     p.set_defaults(func=run_bench)

@@ -18,13 +18,17 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 from functools import lru_cache
 
 from botocore.auth import SIGNED_HEADERS_BLACKLIST, SigV4Auth, _host_from_url
 
 from bench.endpoint import SERVICE, EndpointAddress
-from serving.reply_headers import COLD_HEADER, read_cold
+from serving.runtime.reply_headers import COLD_HEADER, read_cold
+
+if TYPE_CHECKING:
+    from bench.config import BenchConfig
+    from bench.payload import Payload
 
 TARGET_HEADER = "X-Amzn-SageMaker-Target-Model"
 ERROR_TYPE_HEADER = "x-amzn-ErrorType"
@@ -286,3 +290,10 @@ class Invoker(Protocol):
 
 
 CLIENTS: dict[str, Callable[..., Invoker]] = {"fast": FastInvoker, "boto3": Boto3Invoker}
+
+
+def invoker_for(config: "BenchConfig", credentials, payload: "Payload", pool_size: int) -> Invoker:
+    """The configured client (``--client``) sending ``payload`` to the configured endpoint."""
+    client = config.client
+    return CLIENTS[client.kind](config.endpoint.address, credentials, payload.body, payload.content_type,
+                                client.accept, pool_size=pool_size, timeout_s=client.timeout_s)

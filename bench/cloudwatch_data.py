@@ -1,19 +1,30 @@
-"""The endpoint's CloudWatch metrics saved into a run directory (``cloudwatch_metrics.json``,
-written by ``mme metrics --run``: ``serving.deploy.cloudwatch``), read back for the report's
-chart (``bench.charts``) and the cold-request estimate (``bench.cold_estimate``)."""
+"""The one reader of the endpoint's CloudWatch metrics saved into a run directory
+(``cloudwatch_metrics.json``, fetched and written by ``mme metrics --run``:
+``serving.deploy.cloudwatch``), for the report's chart (``bench.charts``) and the cold-request
+estimate (``bench.cold_estimate``)."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from serving.deploy.cloudwatch import JSON_FILE as CLOUDWATCH_FILE
+from serving.deploy.cloudwatch import SCHEMA_VERSION
 
 _UNIT_SCALE = {"microseconds": 1e-3, "milliseconds": 1.0, "seconds": 1e3}
 
 # (metric, stat) -> datapoints (period start, value), oldest first
 Series = dict[tuple[str, str], list[tuple[datetime, float]]]
+
+
+@dataclass(frozen=True)
+class CloudWatchMetrics:
+    """A saved ``cloudwatch_metrics.json``, values in the report's units (latencies in ms)."""
+
+    period_s: int
+    series: Series
 
 
 def utc_time(text: str) -> datetime:
@@ -22,14 +33,14 @@ def utc_time(text: str) -> datetime:
     return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment
 
 
-def cloudwatch_series(data: object) -> tuple[int, Series]:
-    """The period and the datapoints of a ``cloudwatch_metrics.json`` (as ``mme metrics``
-    writes it, ``serving.deploy.cloudwatch.to_json``), keyed by (metric, stat), values in the
+def parse_cloudwatch(data: object) -> CloudWatchMetrics:
+    """The period and the datapoints of a ``cloudwatch_metrics.json``'s content (as
+    ``serving.deploy.cloudwatch.to_json`` makes it), keyed by (metric, stat), values in the
     chart's units (latencies in ms). Raises ValueError on anything malformed."""
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
-    if data.get("schema_version") != 1:
-        raise ValueError(f"schema version {data.get('schema_version')!r}, this mme reads 1")
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise ValueError(f"schema version {data.get('schema_version')!r}, this mme reads {SCHEMA_VERSION}")
     period = data.get("period_s", 60)
     series = data.get("series")
     if not isinstance(series, list) or isinstance(period, bool) or not isinstance(period, int) or period <= 0:
@@ -43,13 +54,13 @@ def cloudwatch_series(data: object) -> tuple[int, Series]:
             out[(str(s["metric"]), str(s["stat"]))] = sorted(points, key=lambda p: p[0])
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"series {n} malformed ({type(exc).__name__}: {exc})") from None
-    return period, out
+    return CloudWatchMetrics(period, out)
 
 
-def read_cloudwatch(run_dir: Path) -> tuple[int, Series] | None:
+def read_cloudwatch(run_dir: Path) -> CloudWatchMetrics | None:
     """The run directory's saved CloudWatch metrics; None when there are none. Raises
     OSError or ValueError (the reason) when the file is there but unusable."""
     path = run_dir / CLOUDWATCH_FILE
     if not path.exists():
         return None
-    return cloudwatch_series(json.loads(path.read_text()))
+    return parse_cloudwatch(json.loads(path.read_text()))

@@ -14,13 +14,12 @@ names the method next to the figures.
 
 from __future__ import annotations
 
-import csv
 from bisect import bisect_right
 from collections import defaultdict
 from pathlib import Path
 
 from bench.cloudwatch_data import CLOUDWATCH_FILE, read_cloudwatch, utc_time
-from bench.results import RequestRecord, RunInfo, read_requests
+from bench.results import RunInfo, readable_requests
 
 COLD_ESTIMATE_METHOD = (
     "estimated: in each CloudWatch period, the N slowest successful requests that finished in it, N = the "
@@ -38,8 +37,7 @@ def estimate_cold(run_dir: Path, run: RunInfo, warnings: list[str]) -> frozenset
         return None  # the report names the unusable file where it would draw it
     if saved is None:
         return None
-    period, series = saved
-    waited = series.get(WAITED)
+    period, waited = saved.period_s, saved.series.get(WAITED)
     if waited is None:
         warnings.append(f"{CLOUDWATCH_FILE} has no ModelLoadingWaitTime SampleCount: cold requests not estimated")
         return None
@@ -48,7 +46,7 @@ def estimate_cold(run_dir: Path, run: RunInfo, warnings: list[str]) -> frozenset
     except ValueError:
         warnings.append("run.json has no start time: cold requests not estimated from CloudWatch")
         return None
-    rows = _readable_requests(run_dir)
+    rows = readable_requests(run_dir)  # bench.run_reader reports an unreadable row
     if any(r.cold is not None for r in rows):
         return None  # the endpoint told them apart itself
     starts = [(moment - origin).total_seconds() for moment, _ in waited]
@@ -65,15 +63,3 @@ def estimate_cold(run_dir: Path, run: RunInfo, warnings: list[str]) -> frozenset
         slowest = sorted(finished[k], reverse=True)[:max(0, round(count))]
         cold.update(row for _, row in slowest)
     return frozenset(cold)
-
-
-def _readable_requests(run_dir: Path) -> list[RequestRecord]:
-    """requests.csv's rows up to the first unreadable one (``bench.run_reader`` says what is
-    wrong with it, or leaves out a last row cut short)."""
-    rows: list[RequestRecord] = []
-    try:
-        for record in read_requests(run_dir):
-            rows.append(record)
-    except (ValueError, TypeError, KeyError, csv.Error, UnicodeDecodeError, OSError):
-        return rows  # those before the unreadable one; bench.run_reader reports it
-    return rows

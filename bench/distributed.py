@@ -25,7 +25,7 @@ import gevent
 
 from bench.collect import Collector, CpuSample, Recorder
 from bench.config import BenchConfig
-from bench.users import STATE
+from bench.users import GeneratorState, generator_of
 from mme.errors import MmeError
 
 CONFIG_MSG = "bench_config"
@@ -57,18 +57,20 @@ def setup_logging(prefix: str) -> None:
     root.setLevel(logging.WARNING)
 
 
-def _payload(recorder: Recorder, final: bool) -> dict:
+def _payload(recorder: Recorder, state: GeneratorState, final: bool) -> dict:
     # "at" and "in_flight" (when each request not answered yet was sent) are taken with the
     # records: every request sent before "at" is either in these records (or earlier ones) or in flight.
-    at, in_flight = time.time(), list(STATE.in_flight.values())
+    at, in_flight = time.time(), list(state.in_flight.values())
     records, cpu = recorder.drain()
     return {"worker": recorder.worker, "records": records, "cpu": [asdict(s) for s in cpu],
-            "open_loop": STATE.open_loop.as_dict(), "final": final, "at": at, "in_flight": in_flight}
+            "open_loop": state.open_loop.as_dict(), "final": final, "at": at, "in_flight": in_flight}
 
 
 def attach_worker(environment, runner, on_configured: Callable[[], None] | None = None,
                   token: str | None = None) -> Recorder:
-    """Wire a WorkerRunner: configuration in (asked for with ``token``), records out."""
+    """Wire a WorkerRunner: configuration in (asked for with ``token``) to the environment's
+    generator state, records out."""
+    state = generator_of(environment)
     stop_on_failure = [False]
 
     def on_failure(raw) -> None:
@@ -78,7 +80,7 @@ def attach_worker(environment, runner, on_configured: Callable[[], None] | None 
 
     recorder = Recorder(on_failure=on_failure)
     environment.events.request.add_listener(recorder.on_request)
-    STATE.watch(environment)
+    state.watch(environment)
 
     def drained(**_kw) -> None:
         # The drain is over once the users have stopped (test_stop fires then). Locust's worker
@@ -89,21 +91,21 @@ def attach_worker(environment, runner, on_configured: Callable[[], None] | None 
     environment.events.test_stop.add_listener(drained)
 
     def on_config(environment, msg, **_kw) -> None:
-        if STATE.ready.is_set():
+        if state.ready.is_set():
             return  # a worker re-announces itself after each stop; keep the first configuration
         try:
-            config = BenchConfig.from_dict(msg.data)
-            STATE.configure(config)
+            config = BenchConfig.from_json(msg.data)
+            state.configure(config)
         except MmeError as exc:
-            STATE.error = str(exc)
+            state.error = str(exc)
             runner.send_message(WORKER_ERROR_MSG, {"worker": recorder.worker, "message": str(exc)})
             return
-        stop_on_failure[0] = config.stop_on_failure
+        stop_on_failure[0] = config.stops.stop_on_failure
         if on_configured is not None:
             on_configured()
 
     def on_refused(environment, msg, **_kw) -> None:
-        STATE.error = REFUSED_ERROR  # the master's 'quit' follows and ends the worker
+        state.error = REFUSED_ERROR  # the master's 'quit' follows and ends the worker
 
     runner.register_message(CONFIG_MSG, on_config)
     runner.register_message(REFUSED_MSG, on_refused)
@@ -111,7 +113,7 @@ def attach_worker(environment, runner, on_configured: Callable[[], None] | None 
     runner.send_message(CONFIG_REQUEST_MSG, {"worker": recorder.worker, "token": token or ""})
 
     def on_report(client_id, data, **_kw) -> None:
-        data[REPORT_KEY] = _payload(recorder, final=False)
+        data[REPORT_KEY] = _payload(recorder, state, final=False)
 
     environment.events.report_to_master.add_listener(on_report)
 
@@ -149,14 +151,13 @@ class MasterLink:
         self.open_loop: dict[str, dict] = {}
         # each worker's latest report: when it was made and when its requests still in flight were sent
         self.in_flight: dict[str, tuple[float, list[float]]] = {}
-        config_data = config.to_dict()
 
         def on_connect(client_id, **_kw) -> None:
             self.connected.add(client_id)
 
         environment.events.worker_connect.add_listener(on_connect)
 
-        self._config_data = config_data
+        self._config_data = config.to_json()  # the configuration crosses to each worker as JSON text
 
         def on_worker_report(client_id, data, **_kw) -> None:
             payload = data.get(REPORT_KEY)

@@ -16,8 +16,7 @@ from pathlib import Path
 import gevent
 
 from bench import results
-from bench.config import BenchConfig
-from bench.endpoint import fetch_metrics
+from bench.endpoint import EndpointAddress, fetch_metrics
 
 METRICS_TIMEOUT_S = 5.0
 
@@ -26,8 +25,8 @@ class EndpointSnapshots:
     """``enabled`` once the baseline was fetched (the endpoint serves metrics); ``last``: the
     latest snapshot. Counts failed fetches in ``extra["endpoint_metrics_missed"]``."""
 
-    def __init__(self, config: BenchConfig, run_dir: Path, extra: dict) -> None:
-        self.config = config
+    def __init__(self, address: EndpointAddress, run_dir: Path, extra: dict) -> None:
+        self.address = address
         self.run_dir = run_dir
         self.extra = extra
         self.enabled = False
@@ -38,8 +37,8 @@ class EndpointSnapshots:
 
     def fetch_baseline(self) -> None:
         """Before the run: the endpoint's metrics, if it serves them (custom URLs only)."""
-        if self.config.custom_url:
-            snapshot, taken = fetch_metrics(self.config.endpoint_url, METRICS_TIMEOUT_S), time.time()
+        if self.address.custom_url:
+            snapshot, taken = fetch_metrics(self.address.url, METRICS_TIMEOUT_S), time.time()
             if snapshot is not None:
                 self._baseline, self.enabled = (snapshot, taken), True
 
@@ -59,7 +58,7 @@ class EndpointSnapshots:
 
     def _snapshot(self, stage: int, at: str) -> None:
         t = time.time() - self._t0_wall
-        snapshot = fetch_metrics(self.config.endpoint_url, METRICS_TIMEOUT_S)
+        snapshot = fetch_metrics(self.address.url, METRICS_TIMEOUT_S)
         if snapshot is None:
             self.extra["endpoint_metrics_missed"] = self.extra.get("endpoint_metrics_missed", 0) + 1
             return

@@ -14,16 +14,18 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Callable
 
 from mme.errors import UsageError
 from mme.progress import Reporter
+from packager.formats import FORMATS as PACKAGER_FORMATS
+from mme.stats import percentile
 
-FORMATS = ("onnx", "cpu-local")
-_NUMPY = {"FP32": np.float32, "FP16": np.float16, "INT64": np.int64, "INT32": np.int32, "BOOL": np.bool_,
-          "BYTES": np.object_}
+if TYPE_CHECKING:  # numpy is imported where arrays are made: this module's record travels in BenchConfig
+    import numpy as np
+
+FORMATS = tuple(name for name, fmt in PACKAGER_FORMATS.items() if fmt.onnx_model)  # onnx, cpu-local
+_NUMPY = {"FP32": "float32", "FP16": "float16", "INT64": "int64", "INT32": "int32", "BOOL": "bool", "BYTES": "object"}
 
 
 @dataclass(frozen=True)
@@ -56,10 +58,12 @@ def check_artifact(artifact: str | None) -> Path:
 
 def kserve_arrays(body: bytes) -> dict[str, np.ndarray]:
     """The input tensors of a KServe v2 JSON request body."""
+    import numpy as np
+
     request = json.loads(body)
     arrays = {}
     for entry in request.get("inputs", ()):
-        dtype = _NUMPY[entry["datatype"]]
+        dtype = np.dtype(_NUMPY[entry["datatype"]]).type
         data = entry["data"]
         if dtype is np.object_:
             data = [d.encode("utf-8") if isinstance(d, str) else d for d in np.ravel(np.array(data, dtype=object))]
@@ -112,7 +116,7 @@ def _tokenizer(model_dir: Path) -> Any:
 
 def measure_in_process(directory: Path, seconds: float, reporter: Reporter) -> InProcessResult:
     """Call the model on the artifact's sample request one call after another for ``seconds``
-    (after one untimed call); percentiles as the report's (numpy's linear method)."""
+    (after one untimed call); percentiles as the report's (:func:`mme.stats.percentile`)."""
     from bench.payload import from_artifact
 
     call, runtime, pipeline = model_call(directory)
@@ -126,9 +130,9 @@ def measure_in_process(directory: Path, seconds: float, reporter: Reporter) -> I
         call(arrays)
         latencies.append(time.perf_counter() - t0)
     elapsed = time.perf_counter() - start
-    ms = np.array(latencies) * 1000.0
-    result = InProcessResult(len(latencies), elapsed, len(latencies) / elapsed, float(np.percentile(ms, 50)),
-                             float(np.percentile(ms, 95)), runtime, pipeline, "the artifact's sample request")
+    ms = [s * 1000.0 for s in latencies]  # at least one: the loop runs once whatever ``seconds``
+    result = InProcessResult(len(latencies), elapsed, len(latencies) / elapsed, percentile(ms, 50) or 0.0,
+                             percentile(ms, 95) or 0.0, runtime, pipeline, "the artifact's sample request")
     reporter.info(f"  {result.requests_per_s:.1f} requests/s in-process (p50 {result.p50_ms:.1f} ms, "
                   f"{result.requests} calls)")
     return result

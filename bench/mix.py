@@ -22,10 +22,14 @@ class MixPlan:
     weights: tuple[float, ...]  # relative: each target's requests/s in the mix
     payloads: tuple[Payload, ...]  # per target, in order
     models: tuple[str, ...]  # the model of each target
+    spec: str  # --mix as given: zipf:S or a TOML file of rates
+    catalogue: str  # --catalogue
 
     def to_json(self) -> dict:
+        """What run.json records of the mix (``extra["mix"]``)."""
         return {"targets": list(self.targets), "weights": [round(w, 6) for w in self.weights],
-                "models": list(self.models), "payload_bytes": [len(p.body) for p in self.payloads]}
+                "models": list(self.models), "payload_bytes": [len(p.body) for p in self.payloads],
+                "spec": self.spec, "catalogue": self.catalogue}
 
 
 def build_mix(mix: str, catalogue: str, artifacts: str, fmt: str | None, rps: float | None,
@@ -42,4 +46,5 @@ def build_mix(mix: str, catalogue: str, artifacts: str, fmt: str | None, rps: fl
         raise UsageError(f"--mix {mix} gives every model a rate of 0; nothing would be sent")
     payloads = tuple(from_artifact(d, binary=binary) for d in directories)
     targets = tuple(m.tarball for m in manifests)
-    return MixPlan(targets, tuple(rates[t] for t in targets), payloads, tuple(m.model for m in manifests))
+    return MixPlan(targets, tuple(rates[t] for t in targets), payloads, tuple(m.model for m in manifests), mix,
+                   catalogue)

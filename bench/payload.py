@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mme.errors import MmeError, UsageError
-
-MAX_PAYLOAD_BYTES = 6_291_456  # InvokeEndpoint's body limit
+from serving.runtime.errors_sagemaker import MAX_PAYLOAD_BYTES
 JSON = "application/json"
 SINGLE_MODEL_DEFAULT = json.dumps({"inputs": "I am super happy right now."}).encode()
 

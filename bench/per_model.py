@@ -9,11 +9,14 @@ says so per request; requests.csv's ``cold`` column). Requests cut off at the en
 from __future__ import annotations
 
 import csv
+import io
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
+from bench.results import readable_requests
+from mme.fsutil import write_bytes_atomic
+from mme.stats import percentile
 
 PLAN_FILE = "fleet-plan.json"
 PER_MODEL_CSV = "per_model.csv"
@@ -33,41 +36,31 @@ class ModelRow:
     predicted_hit_ratio: float | None = None
 
 
-def _percentile(values: list[float], q: float) -> float | None:
-    return float(np.percentile(values, q)) if values else None
-
-
 def per_model(run_dir: Path) -> list[ModelRow]:
     """One row per target of ``run_dir``'s requests.csv (most requested first); empty without targets."""
-    path = run_dir / "requests.csv"
-    if not path.exists():
-        return []
     latencies: dict[str, list[float]] = {}
     cold_latencies: dict[str, list[float]] = {}
     counts: dict[str, list[int]] = {}  # target -> [requests, failures, cold known, cold]
-    with open(path, newline="") as handle:
-        for row in csv.DictReader(handle):
-            target = row.get("target") or ""
-            if not target or row.get("cut_off") == "1":
-                continue
-            c = counts.setdefault(target, [0, 0, 0, 0])
-            c[0] += 1
-            if row.get("ok") != "1":
-                c[1] += 1
-                continue
-            latency = float(row["latency_ms"])
-            latencies.setdefault(target, []).append(latency)
-            if row.get("cold") in ("0", "1"):
-                c[2] += 1
-                if row["cold"] == "1":
-                    c[3] += 1
-                    cold_latencies.setdefault(target, []).append(latency)
+    for r in readable_requests(run_dir):
+        if not r.target or r.cut_off:
+            continue
+        c = counts.setdefault(r.target, [0, 0, 0, 0])
+        c[0] += 1
+        if not r.ok:
+            c[1] += 1
+            continue
+        latencies.setdefault(r.target, []).append(r.latency_ms)
+        if r.cold is not None:
+            c[2] += 1
+            if r.cold:
+                c[3] += 1
+                cold_latencies.setdefault(r.target, []).append(r.latency_ms)
     predicted = predicted_hit_ratios(run_dir)
     rows = []
     for target, (requests, failures, known, cold) in sorted(counts.items(), key=lambda kv: -kv[1][0]):
         ok = latencies.get(target, [])
-        rows.append(ModelRow(target, requests, failures, _percentile(ok, 50), _percentile(ok, 95), _percentile(ok, 99),
-                             cold if known else None, _percentile(cold_latencies.get(target, []), 95),
+        rows.append(ModelRow(target, requests, failures, percentile(ok, 50), percentile(ok, 95), percentile(ok, 99),
+                             cold if known else None, percentile(cold_latencies.get(target, []), 95),
                              (known - cold) / known if known else None, predicted.get(target)))
     return rows
 
@@ -84,10 +77,6 @@ def predicted_hit_ratios(run_dir: Path) -> dict[str, float]:
 
 
 def write_per_model(run_dir: Path, rows: list[ModelRow]) -> Path:
-    from mme.fsutil import write_bytes_atomic
-
-    import io
-
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=list(ModelRow.__dataclass_fields__))
     writer.writeheader()

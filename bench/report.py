@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from bench.cloudwatch_data import CLOUDWATCH_FILE
+from bench.cloudwatch_data import CLOUDWATCH_FILE, read_cloudwatch
 from mme.argtypes import positive_float
 from mme.errors import OutputDirError, UsageError
 from mme.progress import Reporter
@@ -86,6 +86,7 @@ def build_report(results: Sequence[str | Path], out: Path | None = None, target_
                  p95_slo_ms: float | None = None, reporter: Reporter | None = None) -> ReportPaths:
     from bench import analysis, charts, render, sizing, summary_io
     from bench.per_model import per_model, write_per_model
+    from mme.charts import write_png
     from mme.fsutil import ensure_writable_dir, write_bytes_atomic
 
     reporter = reporter or Reporter(quiet=True)
@@ -118,7 +119,7 @@ def build_report(results: Sequence[str | Path], out: Path | None = None, target_
         if cloudwatch is not None:
             run_charts_of.append(cloudwatch)
         for chart in run_charts_of:
-            write_bytes_atomic(chart.path, chart.png)
+            write_png(chart.path, chart.png)
             run_charts.append(chart.path)
         sized = sizing.size(s, target_tps, p95_slo_ms) if target_tps is not None and p95_slo_ms is not None else None
         models = per_model(s.run_dir)
@@ -131,7 +132,7 @@ def build_report(results: Sequence[str | Path], out: Path | None = None, target_
         comparison = render.Chart(out_dir / COMPARISON_CHART, charts.comparison_chart(summaries),
                                   "copies loaded, lowest latency, max error-free throughput and max users before "
                                   "the first failure, each relative to the best run")
-        write_bytes_atomic(comparison.path, comparison.png)
+        write_png(comparison.path, comparison.png)
 
     report = render.Report(tuple(runs), comparison, time.strftime("%Y-%m-%d %H:%M:%S %Z"), target_tps, p95_slo_ms)
     html_path, md_path = out_dir / REPORT_HTML, out_dir / REPORT_MD
@@ -144,15 +145,14 @@ def build_report(results: Sequence[str | Path], out: Path | None = None, target_
 def _cloudwatch_chart(summary: "analysis.RunSummary", reporter: Reporter) -> "render.Chart | None":
     """The chart of the run's saved CloudWatch metrics; None (with a warning when the file is
     there but unusable) when there is nothing to draw."""
-    import json
-
     from bench import charts, render
 
     path = summary.run_dir / CLOUDWATCH_FILE
-    if not path.exists():
-        return None
     try:
-        png = charts.cloudwatch_chart(summary, json.loads(path.read_text()))
+        saved = read_cloudwatch(summary.run_dir)
+        if saved is None:
+            return None
+        png = charts.cloudwatch_chart(summary, saved)
     except (OSError, ValueError) as exc:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0]
         reporter.warn(f"{path}: unusable ({reason}); CloudWatch chart left out")

@@ -141,6 +141,19 @@ def read_requests(run_dir: Path) -> Iterator[RequestRecord]:
             )
 
 
+def readable_requests(run_dir: Path) -> list[RequestRecord]:
+    """requests.csv's rows up to the first unreadable one ([] without the file): for figures that
+    leave the checking to ``bench.run_reader``, which says what is wrong with the file or leaves out
+    a last row cut short by an interrupted write."""
+    rows: list[RequestRecord] = []
+    try:
+        for record in read_requests(run_dir):
+            rows.append(record)
+    except (ValueError, TypeError, KeyError, csv.Error, UnicodeDecodeError, OSError):
+        return rows  # those before the unreadable one
+    return rows
+
+
 def read_stages(run_dir: Path) -> list[StageRecord]:
     with open(run_dir / STAGES_FILE, newline="") as fh:
         return [

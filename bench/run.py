@@ -29,7 +29,6 @@ from pathlib import Path  # noqa: E402
 import gevent  # noqa: E402
 from gevent.event import Event  # noqa: E402
 from locust import __version__ as locust_version  # noqa: E402
-from locust.env import Environment  # noqa: E402
 from locust.runners import WORKER_REPORT_INTERVAL  # noqa: E402
 from locust.stats import PERCENTILES_TO_REPORT, StatsCSV, StatsCSVFileWriter  # noqa: E402
 
@@ -41,7 +40,7 @@ from bench.endpoint_snapshots import METRICS_TIMEOUT_S, EndpointSnapshots  # noq
 from bench.runners import FINALS_TIMEOUT_S, LoadRunners  # noqa: E402, F401
 from bench.shapes import shape_for  # noqa: E402
 from bench.stage_report import StageReporter, top_errors_line  # noqa: E402
-from bench.users import STATE, BenchUser  # noqa: E402
+from bench.users import BenchEnvironment, BenchUser  # noqa: E402
 from mme.errors import MmeError  # noqa: E402
 from mme.progress import Reporter  # noqa: E402
 
@@ -57,20 +56,20 @@ def _utc_now() -> str:
 class BenchRun:
     def __init__(self, config: BenchConfig) -> None:
         self.config = config
-        self.run_dir = Path(config.run_dir)
-        self.plan = config.load_plan
-        self.reporter = Reporter(quiet=config.quiet)
+        self.run_dir = config.output.run_dir
+        self.plan = config.load.plan
+        self.reporter = Reporter(quiet=config.output.quiet)
         self.stop_reason: str | None = None
         self.extra: dict = {}
         self._wake = Event()
         self.collector: Collector | None = None
         self.started_at = _utc_now()
         # The drain: when the run stops, users finish the request in flight, up to drain_s (0: at once).
-        self.environment = Environment(user_classes=[BenchUser], host=config.endpoint_url,
-                                       stop_timeout=config.drain_s)
+        self.environment = BenchEnvironment(user_classes=[BenchUser], host=config.endpoint.address.url,
+                                            stop_timeout=config.stops.drain_s)
         self.runners = LoadRunners(self.environment, config, self.reporter, self.extra,
                                    self._on_failure, self._on_worker_error)
-        self.snapshots = EndpointSnapshots(config, self.run_dir, self.extra)
+        self.snapshots = EndpointSnapshots(config.endpoint.address, self.run_dir, self.extra)
         self.stage_reports = StageReporter(config, self.plan, self.reporter, self.extra, self.request_stop,
                                            self._drain_local, self._in_flight)
         self._stop_t = 0.0  # run time when the driver stopped
@@ -82,8 +81,8 @@ class BenchRun:
         if self.stop_reason is None:
             self.stop_reason = reason
             if reason in ("interrupted", "terminated"):
-                self.reporter.info(f"==> {reason}: no new requests; waiting up to {self.config.drain_s:g} s for those "
-                                   "in flight (again to cut the wait short), then saving what was measured")
+                self.reporter.info(f"==> {reason}: no new requests; waiting up to {self.config.stops.drain_s:g} s for "
+                                   "those in flight (again to cut the wait short), then saving what was measured")
         elif reason in ("interrupted", "terminated") and not self._cut_short:
             self._cut_short = True
             self.reporter.info("==> stopping at once: requests still in flight are recorded as cut off")
@@ -91,7 +90,7 @@ class BenchRun:
         self._wake.set()
 
     def _on_failure(self, _source: object = None) -> None:
-        if self.config.stop_on_failure:
+        if self.config.stops.stop_on_failure:
             self.request_stop("stop-on-failure")
 
     def _on_worker_error(self, worker: str, message: str) -> None:
@@ -107,7 +106,7 @@ class BenchRun:
         t0 = self.collector.t0_wall if self.collector is not None else 0.0
         if self.runners.link is not None:
             return self.runners.link.in_flight_between(t0 + start_t, t0 + end_t)
-        return STATE.in_flight_between(t0 + start_t, t0 + end_t)
+        return self.environment.generator.in_flight_between(t0 + start_t, t0 + end_t)
 
     def _drain_local(self) -> None:
         self.runners.drain_into(self.collector)
@@ -124,42 +123,43 @@ class BenchRun:
 
     # -- the run ---------------------------------------------------------------------------
     def _run_info(self, ended: bool) -> results.RunInfo:
-        config = self.config
+        config, address, targets = self.config, self.config.endpoint.address, self.config.targets
         return results.RunInfo(
-            run_id=config.run_id, endpoint=config.endpoint,
-            endpoint_url=config.endpoint_url if config.custom_url else None, region=config.region, mode=config.mode,
-            model=config.model, format=config.format, instance_type=config.instance_type, copies=len(config.targets),
-            target_distribution=(f"mix {config.mix.get('spec')}" if config.mix else config.distribution) if config.targets else "uniform", client=config.client,
-            workers=config.generators, shape=config.shape, content_type=config.content_type,
-            payload_bytes=len(config.payload), started_at=self.started_at, ended_at=_utc_now() if ended else None,
+            run_id=config.output.run_id, endpoint=address.name, endpoint_url=address.url if address.custom_url else None,
+            region=address.region, mode=config.endpoint.mode, model=targets.model, format=config.payload.format,
+            instance_type=config.endpoint.instance_type, copies=len(targets.names),
+            target_distribution=targets.popularity if targets.names else "uniform", client=config.client.kind,
+            workers=config.generators.count, shape=self.plan.kind, content_type=config.payload.content_type,
+            payload_bytes=len(config.payload.body), started_at=self.started_at, ended_at=_utc_now() if ended else None,
             stopped_reason=self.stop_reason if ended else None, models_loaded=self.snapshots.models_loaded(),
             extra=self._extra(),
         )
 
     def _extra(self) -> dict:
-        config = self.config
+        config, stops, names = self.config, self.config.stops, self.config.targets.names
         extra = {
-            "payload_source": config.payload_source, "accept": config.accept, "credentials": config.credentials_note,
-            "wait_s": [config.wait_min_s, config.wait_max_s], "plan": self.plan.to_json(),
-            "time_scale": config.time_scale, "timeout_s": config.timeout_s, "stop_on_failure": config.stop_on_failure,
-            "max_p95_ms": config.max_p95_ms, "targets": list(config.targets[:5]) + (["..."] if len(config.targets) > 5 else []),
+            "payload_source": config.payload.source, "accept": config.client.accept,
+            "credentials": config.endpoint.credentials_note, "wait_s": list(config.load.wait_s),
+            "plan": self.plan.to_json(), "time_scale": config.load.time_scale, "timeout_s": config.client.timeout_s,
+            "stop_on_failure": stops.stop_on_failure, "max_p95_ms": stops.max_p95_ms,
+            "targets": list(names[:5]) + (["..."] if len(names) > 5 else []),
             "endpoint_metrics": self.snapshots.enabled, "locust_version": locust_version,
             "saturation_threshold_percent": SATURATION_PERCENT,
         }
         if self.plan.open_loop:
-            extra["open_loop"] = {"rate": self.plan.rate, "max_inflight": config.max_inflight,
+            extra["open_loop"] = {"rate": self.plan.rate, "max_inflight": config.load.max_inflight,
                                   **self.runners.open_loop_counts()}
         if self.collector is not None:
             total = self.collector.total
             extra.update(requests=total.requests, failures=total.failures, cut_off=total.cut_off,
-                         drain_s=config.drain_s, max_failure_rate=config.max_failure_rate,
+                         drain_s=stops.drain_s, max_failure_rate=stops.max_failure_rate,
                          generators=sorted(self.collector.workers))
             if self.collector.first_failure is not None:
                 f = self.collector.first_failure
                 extra["first_failure"] = {"t": round(f.t, 3), "stage": f.stage, "users": f.users, "target": f.target,
                                           "status": f.status, "error": f.error, "worker": f.worker}
-        if config.mix:
-            extra["mix"] = config.mix
+        if config.targets.mix is not None:
+            extra["mix"] = config.targets.mix.to_json()
         extra.update(self.extra)
         return extra
 
@@ -167,12 +167,12 @@ class BenchRun:
         self._run_info(ended=False).write(self.run_dir)
         try:
             runner = self.runners.create(stopping=lambda: self.stop_reason is not None)
-            if self.config.warmup and self.stop_reason is None:
+            if self.config.load.warmup and self.stop_reason is None:
                 from bench.warmup import warm_up
 
                 self.extra["warmup"] = warm_up(self.config, self.reporter)
-            if self.config.in_process:
-                self.extra["in_process"] = self.config.in_process
+            if self.config.in_process is not None:
+                self.extra["in_process"] = self.config.in_process.to_dict()
             self.snapshots.fetch_baseline()
             self._drive(runner)
         finally:
@@ -184,11 +184,12 @@ class BenchRun:
         if self.collector is None:
             return 0
         total = self.collector.total
-        if not total.requests or total.failures / total.requests <= self.config.max_failure_rate:
+        limit = self.config.stops.max_failure_rate
+        if not total.requests or total.failures / total.requests <= limit:
             return 0
         share = total.failures / total.requests
         print(f"mme: error: {total.failures} of {total.requests} requests failed ({share:.1%}, above "
-              f"--max-failure-rate {self.config.max_failure_rate:.1%}); most common: "
+              f"--max-failure-rate {limit:.1%}); most common: "
               f"{top_errors_line(total.errors, 1)}", file=sys.stderr)
         return TOO_MANY_FAILURES
 
@@ -198,7 +199,7 @@ class BenchRun:
             return
         plan, config = self.plan, self.config
         distributed = self.runners.link is not None
-        shape = shape_for(plan, schedulers=config.generators)
+        shape = shape_for(plan, schedulers=config.generators.count)
         shape.runner = runner
         csv_writer = StatsCSVFileWriter(self.environment, PERCENTILES_TO_REPORT, str(self.run_dir / LOCUST_CSV_PREFIX))
         self._csv = (csv_writer, gevent.spawn(csv_writer.stats_writer))
@@ -209,15 +210,17 @@ class BenchRun:
         if self.runners.link is not None:
             self.runners.link.collector = self.collector
         self.snapshots.start(t0_wall)
-        popularity = f"mix {config.mix.get('spec')}" if config.mix else config.distribution
-        mode = f"{config.mode}-model, {len(config.targets)} target(s) {popularity}" if config.targets else "single model"
-        self.reporter.info(f"==> bench {config.run_id}: {config.endpoint} at {config.endpoint_url} ({mode}); shape "
-                           f"{config.shape} {plan.duration_s:g} s; client {config.client}; {config.generators} generator(s)")
+        targets, address = config.targets, config.endpoint.address
+        mode = (f"{config.endpoint.mode}-model, {len(targets.names)} target(s) {targets.popularity}" if targets.names
+                else "single model")
+        self.reporter.info(f"==> bench {config.output.run_id}: {address.name} at {address.url} ({mode}); shape "
+                           f"{plan.kind} {plan.duration_s:g} s; client {config.client.kind}; "
+                           f"{config.generators.count} generator(s)")
         stage, last_tick = None, None
-        next_drain, next_progress, last_progress = 0.0, config.progress_interval_s, 0.0
+        next_drain, next_progress, last_progress = 0.0, config.output.progress_interval_s, 0.0
         # Endpoint metrics within a stage too, so an endpoint that dies mid-run still leaves
         # figures up to its last good snapshot.
-        next_snapshot = config.metrics_interval_s
+        next_snapshot = config.output.metrics_interval_s
         while self.stop_reason is None:
             run_time = shape.get_run_time()
             tick = shape.tick()
@@ -245,10 +248,10 @@ class BenchRun:
                 next_drain = run_time + LOCAL_DRAIN_S
             if run_time >= next_snapshot:
                 self.snapshots.take(stage, "during")
-                next_snapshot = run_time + config.metrics_interval_s
+                next_snapshot = run_time + config.output.metrics_interval_s
             if run_time >= next_progress:
                 self.stage_reports.progress(run_time, stage, runner, run_time - last_progress)
-                last_progress, next_progress = run_time, run_time + config.progress_interval_s
+                last_progress, next_progress = run_time, run_time + config.output.progress_interval_s
             self._wake.wait(DRIVER_TICK_S)
             self._wake.clear()
         self._stop_t = shape.get_run_time()

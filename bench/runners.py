@@ -4,7 +4,7 @@ that records its own requests (``bench.collect.Recorder``), or a master runner w
 ``bench.distributed.MasterLink``; starting users at each shape tick; and at the end stopping
 the users, collecting the workers' final records and shutting everything down.
 
-The master listens where ``config.master_bind_host`` says (loopback unless the user named an
+The master listens where ``config.generators.master_bind_host`` says (loopback unless the user named an
 address) and admits only workers with the run's token: ``$MME_BENCH_WORKER_TOKEN``, else one
 made here and printed in the line that tells remote workers how to join. Local workers get it
 through their environment.
@@ -28,7 +28,7 @@ import gevent
 from bench.collect import Collector, Recorder
 from bench.config import TOKEN_ENV, BenchConfig, is_loopback
 from bench.distributed import MasterLink
-from bench.users import STATE
+from bench.users import generator_of
 from mme.errors import MmeError
 from mme.process import child_env
 from mme.progress import Reporter
@@ -51,6 +51,7 @@ class LoadRunners:
     def __init__(self, environment, config: BenchConfig, reporter: Reporter, extra: dict,
                  on_failure: Callable, on_worker_error: Callable[[str, str], None]) -> None:
         self.environment = environment
+        self.generator = generator_of(environment)  # this process's users' shared state
         self.config = config
         self.reporter = reporter
         self.extra = extra
@@ -65,17 +66,17 @@ class LoadRunners:
     def create(self, stopping: Callable[[], bool]):
         """The runner, with every expected worker connected and configured (unless
         ``stopping()`` turns true while waiting for them)."""
-        config = self.config
-        if not config.distributed:
+        config, generators = self.config, self.config.generators
+        if not generators.distributed:
             runner = self.runner = self.environment.create_local_runner()
-            STATE.configure(config)
-            STATE.watch(self.environment)
+            self.generator.configure(config)
+            self.generator.watch(self.environment)
             self.recorder = Recorder(on_failure=self._on_failure)
             self.environment.events.request.add_listener(self.recorder.on_request)
             gevent.spawn(self.recorder.run_cpu_sampler, gevent.sleep)
             return runner
-        host = config.master_bind_host
-        port = config.master_port or _free_port(host)
+        host = generators.master_bind_host
+        port = generators.master_port or _free_port(host)
         token = os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(24)
         if not is_loopback(host):
             self.reporter.warn(f"the bench master listens on {host}:{port}, open to other machines; "
@@ -85,19 +86,19 @@ class LoadRunners:
                                token, self._on_refused)
         self.extra["master"] = f"{host}:{port}"
         env = child_env(extra={TOKEN_ENV: token})  # not on the command line, where 'ps' shows it
-        for _ in range(config.local_workers):
+        for _ in range(generators.local_workers):
             self._worker_processes.append(subprocess.Popen(
                 [sys.executable, "-m", "bench.worker", "--master-host", "127.0.0.1", "--master-port", str(port), "--managed"],
                 env=env))
-        expected = config.generators
-        if config.expect_workers:
+        expected = generators.count
+        if generators.expect_workers:
             join_host = "127.0.0.1" if is_loopback(host) else ("<this host>" if host in ("0.0.0.0", "::", "*") else host)
             where = (" (the master listens on loopback only: run workers on this machine or through an SSH tunnel, "
                      "or give --master-bind-host <this host's address> to accept remote workers)") if is_loopback(host) else ""
             # Printed even with --quiet: without it nobody could join with a token made here.
-            print(f"==> waiting for {config.expect_workers} remote worker(s): mme bench-worker --master-host "
+            print(f"==> waiting for {generators.expect_workers} remote worker(s): mme bench-worker --master-host "
                   f"{join_host} --master-port {port} --token {token}{where}", file=self.reporter.stream, flush=True)
-        deadline = time.monotonic() + config.worker_wait_s
+        deadline = time.monotonic() + generators.worker_wait_s
         while runner.worker_count < expected or len(self.link.configured) < expected:
             if stopping():
                 return runner
@@ -107,7 +108,7 @@ class LoadRunners:
             if time.monotonic() > deadline:
                 refused = self.extra.get("refused_workers", 0)
                 raise MmeError(f"only {runner.worker_count} of {expected} workers connected within "
-                               f"{config.worker_wait_s:g} s (master at {host}:{port})"
+                               f"{generators.worker_wait_s:g} s (master at {host}:{port})"
                                + (f"; {refused} refused for a wrong or missing token" if refused else ""))
             gevent.sleep(0.1)
         return runner
@@ -135,7 +136,7 @@ class LoadRunners:
 
     def open_loop_counts(self) -> dict:
         """Open-loop arrivals scheduled and started late, over every generator."""
-        parts = list(self.link.open_loop.values()) if self.link is not None else [STATE.open_loop.as_dict()]
+        parts = list(self.link.open_loop.values()) if self.link is not None else [self.generator.open_loop.as_dict()]
         return {"scheduled": sum(p.get("scheduled", 0) for p in parts),
                 "late_starts": sum(p.get("late_starts", 0) for p in parts),
                 "max_lateness_ms": max((p.get("max_lateness_ms", 0.0) for p in parts), default=0.0)}
@@ -147,10 +148,11 @@ class LoadRunners:
             return
         if self._start_greenlet is not None:
             self._start_greenlet.kill(block=True)
-        with gevent.Timeout(self.config.drain_s + STOP_MARGIN_S, False):
+        drain_s = self.config.stops.drain_s
+        with gevent.Timeout(drain_s + STOP_MARGIN_S, False):
             runner.stop()  # users finish their request in flight, up to the drain (Locust's stop_timeout)
         if (self.link is not None and wait_for_finals
-                and not self.link.wait_for_finals(self.config.drain_s + FINALS_TIMEOUT_S)):
+                and not self.link.wait_for_finals(drain_s + FINALS_TIMEOUT_S)):
             self.reporter.warn("some workers sent no final records; requests.csv may miss their last seconds")
 
     def cut_short(self) -> None:
@@ -183,4 +185,4 @@ class LoadRunners:
             except subprocess.TimeoutExpired:
                 process.terminate()
                 process.wait(timeout=10)
-        STATE.close()
+        self.generator.close()

@@ -62,7 +62,7 @@ class StageReporter:
         gevent.sleep(lag)
         span = next((s for s in self.collector.stages if s.stage == stage), None) if self.collector else None
         if span is not None and span.end_t is not None and self._in_flight is not None:
-            deadline = time.monotonic() + self.config.timeout_s + lag  # workers report every few seconds
+            deadline = time.monotonic() + self.config.client.timeout_s + lag  # workers report every few seconds
             while self._in_flight(span.start_t, span.end_t) != 0 and time.monotonic() < deadline:
                 gevent.sleep(0.1)
         self.stage_report(stage, True)
@@ -103,7 +103,7 @@ class StageReporter:
             + f"  generator cpu max {cpu_max:.0f}%" + ("  SATURATED" if cpu_max > SATURATION_PERCENT else ""))
         if stats.failures:
             self.reporter.info(f"    failures: {top_errors_line(stats.errors)}")
-        limit = self.config.max_p95_ms
+        limit = self.config.stops.max_p95_ms
         if limit is not None and p95 is not None and p95 > limit:
             self.extra.setdefault("max_p95_exceeded", {"stage": stage, "p95_ms": round(p95, 3), "limit_ms": limit})
             if may_stop:
@@ -142,11 +142,11 @@ class StageReporter:
             counts = open_loop_counts()
             if counts["late_starts"]:
                 self.reporter.warn(f"{counts['late_starts']} of {counts['scheduled']} open-loop arrivals started late "
-                                   f"(up to {counts['max_lateness_ms']:.0f} ms; concurrency cap {self.config.max_inflight} "
+                                   f"(up to {counts['max_lateness_ms']:.0f} ms; concurrency cap {self.config.load.max_inflight} "
                                    "or a busy generator): the endpoint did not keep up with the offered rate")
         saturated = [r.stage for r in collector.stage_records(self.plan.open_loop, duration) if r.saturated]
         if saturated:
             self.reporter.warn(
                 f"a load generator used more than {SATURATION_PERCENT:.0f}% of a core in stage(s) "
                 f"{', '.join(str(s + 1) for s in saturated)} (saturated=1 in stages.csv): latencies there include the "
-                "generator's own queueing; add --workers" + (" or use --client fast" if self.config.client == "boto3" else ""))
+                "generator's own queueing; add --workers" + (" or use --client fast" if self.config.client.kind == "boto3" else ""))

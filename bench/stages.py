@@ -68,13 +68,9 @@ class LoadPlan:
         return stage.users, stage.spawn_rate
 
     def to_json(self) -> dict:
+        """The plan as run.json records it (``extra["plan"]``): stages in the shape file's form."""
         return {"kind": self.kind, "rate": self.rate,
                 "stages": [{"duration": s.end_s, "users": s.users, "spawn_rate": s.spawn_rate} for s in self.stages]}
-
-    @classmethod
-    def from_json(cls, data: dict) -> "LoadPlan":
-        return cls(data["kind"], tuple(Stage(s["duration"], s["users"], s["spawn_rate"]) for s in data["stages"]),
-                   data.get("rate"))
 
 
 def scaled(stages: tuple[Stage, ...], factor: float) -> tuple[Stage, ...]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from mme.errors import UsageError
 
-# serving.copies.copy_name's naming: what `mme serve --copies N` answers for.
+# serving.models.copies.copy_name's naming: what `mme serve --copies N` answers for.
 DEFAULT_TEMPLATE = "{model}-v{i}.tar.gz"
 MAX_TARGET_CHARS = 1024  # InvokeEndpoint's TargetModel limit
 
@@ -65,8 +65,8 @@ def _shown(names: tuple[str, ...] | list[str]) -> str:
 
 def served_copies(model: str, served: tuple[str, ...]) -> tuple[str, ...]:
     """The copies of ``model`` among the targets an endpoint serves (``mme serve --copies N``'s
-    names, serving.copies), copy 1 first."""
-    from serving.copies import parse_copy_name
+    names, serving.models.copies), copy 1 first."""
+    from serving.models.copies import parse_copy_name
 
     parsed = [(c.index, name) for name in served if (c := parse_copy_name(name)) is not None and c.stem == model]
     return tuple(name for _, name in sorted(parsed))

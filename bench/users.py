@@ -1,12 +1,17 @@
 """The Locust user: one InvokeEndpoint per task, reported through ``events.request``.
 
 Closed loop (every shape but open-loop): each user sends, waits for the answer, then waits
-``wait_min_s``..``wait_max_s`` (0.05-0.5 s as in the article) before the next request.
+``load.wait_s`` (0.05-0.5 s as in the article) before the next request.
 
 Open loop: each user is an arrival scheduler. Requests start on a fixed schedule (``rate``
 per second across all generators) in greenlets of their own, whatever the endpoint does, up
 to a cap on requests in flight; an arrival that finds the cap reached starts late and is
 counted, so a stalled endpoint shows up instead of silently slowing the load down.
+
+The state the users of one generator process share (the configuration once it is known, the
+client, the target picker, the requests in flight) is a :class:`GeneratorState` on Locust's
+environment of the process (:class:`BenchEnvironment`, made by ``bench.run`` and ``bench.worker``);
+each user reaches it through its own ``environment``.
 
 Each request fires ``events.request`` with ``context["bench"] = (sent_at, target, status,
 error, users, message, cut_off, cold)``; ``bench.collect`` turns those into requests.csv rows. When
@@ -17,7 +22,6 @@ no request that was sent goes unrecorded.
 
 from __future__ import annotations
 
-import base64
 import itertools
 import random
 import time
@@ -28,11 +32,12 @@ from gevent import GreenletExit
 from gevent.event import Event
 from gevent.pool import Pool
 from locust import User, task
+from locust.env import Environment
 
-from bench.client import CLIENTS, InvokeResult, Invoker
+from bench.client import InvokeResult, Invoker, invoker_for
 from bench.config import BenchConfig
 from bench.endpoint import resolve_credentials
-from bench.targets import TargetPicker, parse_distribution
+from bench.targets import TargetPicker
 
 LATE_START_S = 0.010  # an open-loop arrival starting later than this after its schedule is late
 CONFIG_WAIT_S = 60.0
@@ -69,7 +74,8 @@ class OpenLoopCounters:
 @dataclass
 class GeneratorState:
     """What the users of this process share: the config, one client (its connection pool sized
-    to the users), the target picker. Set by ``configure`` once the config is known."""
+    to the users), the target picker. Set by ``configure`` once the config is known. It lives on
+    the process's Locust environment (:class:`BenchEnvironment`); users reach it through theirs."""
 
     config: BenchConfig | None = None
     invoker: Invoker | None = None
@@ -84,29 +90,25 @@ class GeneratorState:
     error: str | None = None
 
     def configure(self, config: BenchConfig) -> None:
-        plan = config.load_plan
+        plan = config.load.plan
         self.arrivals = plan.open_loop
-        self.wait_s = (config.wait_min_s, config.wait_max_s)
-        share = -(-(config.max_inflight if plan.open_loop else plan.max_users) // config.generators)
-        credentials, _ = resolve_credentials(config.address)
-        def invoker(body: bytes, content_type: str) -> Invoker:
-            return CLIENTS[config.client](config.address, credentials, body, content_type, config.accept,
-                                          pool_size=share + 1, timeout_s=config.timeout_s)
-
-        weights = None
-        if config.mix and config.mix_payloads:  # a fleet: each target its own body
-            self.invoker = MixInvoker({target: invoker(base64.b64decode(body), content_type) for target, (body, content_type)
-                                       in zip(config.targets, config.mix_payloads)})
-            weights = tuple(config.mix["weights"])
+        self.wait_s = config.load.wait_s
+        share = -(-(config.load.max_inflight if plan.open_loop else plan.max_users) // config.generators.count)
+        credentials, _ = resolve_credentials(config.endpoint.address)
+        mix = config.targets.mix
+        if mix is not None:  # a fleet: each target its own body
+            self.invoker = MixInvoker({target: invoker_for(config, credentials, payload, share + 1)
+                                       for target, payload in zip(mix.targets, mix.payloads)})
         else:
-            self.invoker = invoker(config.payload, config.content_type)
-        if config.targets:
-            self.picker = TargetPicker(config.targets, parse_distribution(config.distribution), seed=config.seed,
-                                       weights=weights)
+            self.invoker = invoker_for(config, credentials, config.payload, share + 1)
+        targets = config.targets
+        if targets.names:
+            self.picker = TargetPicker(targets.names, targets.distribution, seed=targets.seed,
+                                       weights=mix.weights if mix is not None else None)
         self.config = config
         self.ready.set()
 
-    def watch(self, environment) -> None:
+    def watch(self, environment: Environment) -> None:
         """Start no new request (no open-loop arrival, no closed-loop send) once the run starts
         stopping, before users are stopped."""
         environment.events.test_stopping.add_listener(lambda **_kw: self.stopping.set())
@@ -118,6 +120,21 @@ class GeneratorState:
     def close(self) -> None:
         if self.invoker is not None:
             self.invoker.close()
+
+
+class BenchEnvironment(Environment):
+    """Locust's environment of a generator process, holding the state its users share."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.generator = GeneratorState()
+
+
+def generator_of(environment: Environment) -> GeneratorState:
+    """The shared state of the generator process ``environment`` belongs to."""
+    if not isinstance(environment, BenchEnvironment):
+        raise TypeError("bench users run in a bench.users.BenchEnvironment (bench.run, bench.worker)")
+    return environment.generator
 
 
 class MixInvoker:
@@ -134,43 +151,44 @@ class MixInvoker:
             invoker.close()
 
 
-STATE = GeneratorState()
-
-
 class BenchUser(User):
     """Sends the configured request to the configured endpoint; see the module docstring."""
 
-    def wait_time(self) -> float:
-        return 0.0 if STATE.arrivals else random.uniform(*STATE.wait_s)
-
-    def on_start(self) -> None:
-        if not STATE.ready.wait(timeout=CONFIG_WAIT_S):
-            raise RuntimeError("no bench configuration arrived from the master")
+    def __init__(self, environment: Environment) -> None:
+        super().__init__(environment)
+        self.generator = generator_of(environment)
         self._pool: Pool | None = None
 
+    def wait_time(self) -> float:
+        return 0.0 if self.generator.arrivals else random.uniform(*self.generator.wait_s)
+
+    def on_start(self) -> None:
+        if not self.generator.ready.wait(timeout=CONFIG_WAIT_S):
+            raise RuntimeError("no bench configuration arrived from the master")
+
     def on_stop(self) -> None:
-        pool = getattr(self, "_pool", None)
-        if pool is not None:
-            pool.kill(block=False)
+        if self._pool is not None:
+            self._pool.kill(block=False)
 
     @task
     def invoke(self) -> None:
-        if STATE.arrivals:
-            assert STATE.config is not None
-            self._schedule_arrivals(STATE.config)
+        if self.generator.arrivals:
+            assert self.generator.config is not None
+            self._schedule_arrivals(self.generator.config)
         else:
             self._send(self.environment.runner.user_count if self.environment.runner else 0)
 
     def _send(self, users: int) -> None:
-        if STATE.stopping.is_set():  # the run is ending: a user Locust is stopping may still wake here
+        state = self.generator
+        if state.stopping.is_set():  # the run is ending: a user Locust is stopping may still wake here
             return
-        target = STATE.picker.pick() if STATE.picker is not None else None
+        target = state.picker.pick() if state.picker is not None else None
         sent_at = time.time()
-        assert STATE.invoker is not None  # configured before any user runs (STATE.ready)
-        token = next(STATE.tokens)
-        STATE.in_flight[token] = sent_at
+        assert state.invoker is not None  # configured before any user runs (state.ready)
+        token = next(state.tokens)
+        state.in_flight[token] = sent_at
         try:
-            result: InvokeResult = STATE.invoker.invoke(target)
+            result: InvokeResult = state.invoker.invoke(target)
         except GreenletExit:  # the drain ended with this request in flight: recorded as cut off
             waited_ms = (time.time() - sent_at) * 1000.0
             self.environment.events.request.fire(
@@ -180,7 +198,7 @@ class BenchUser(User):
                 response=None, url=None)
             raise
         finally:
-            STATE.in_flight.pop(token, None)
+            state.in_flight.pop(token, None)
         self.environment.events.request.fire(
             request_type="POST", name=target or "invocations", response_time=result.latency_ms,
             response_length=result.response_bytes, exception=None if result.ok else InvokeFailed(result),
@@ -190,21 +208,21 @@ class BenchUser(User):
         )
 
     def _schedule_arrivals(self, config: BenchConfig) -> None:
-        plan = config.load_plan
+        state, plan, generators = self.generator, config.load.plan, config.generators.count
         assert plan.rate is not None
-        interval = config.generators / plan.rate
-        self._pool = pool = Pool(max(1, config.max_inflight // config.generators))
+        interval = generators / plan.rate
+        self._pool = pool = Pool(max(1, config.load.max_inflight // generators))
         start = time.perf_counter()
         n = 0
-        while not STATE.stopping.is_set():
+        while not state.stopping.is_set():
             due = start + n * interval
             delay = due - time.perf_counter()
-            if delay > 0 and STATE.stopping.wait(delay):
+            if delay > 0 and state.stopping.wait(delay):
                 break
             pool.wait_available()
-            if STATE.stopping.is_set():
+            if state.stopping.is_set():
                 break
-            STATE.open_loop.note(time.perf_counter() - due)
+            state.open_loop.note(time.perf_counter() - due)
             pool.spawn(self._send, len(pool) + 1)
             n += 1
         pool.join()  # the run's stop grace period bounds this

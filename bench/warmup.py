@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 import gevent
 from gevent.pool import Pool
 
-from bench.client import CLIENTS, InvokeResult
+from bench.client import InvokeResult, invoker_for
 from bench.config import BenchConfig
 from bench.endpoint import resolve_credentials
 from mme.progress import Reporter
@@ -40,16 +40,16 @@ class WarmedTarget:
 def warm_up(config: BenchConfig, reporter: Reporter) -> dict:
     """Warm every target of ``config`` (at most PARALLEL at once, each for up to twice the
     request timeout); the summary saved in run.json."""
-    targets: tuple[str | None, ...] = config.targets or (None,)
-    credentials, _ = resolve_credentials(config.address)
-    invoker = CLIENTS[config.client](config.address, credentials, config.payload, config.content_type,
-                                     config.accept, pool_size=PARALLEL + 1, timeout_s=config.timeout_s)
+    targets: tuple[str | None, ...] = config.targets.names or (None,)
+    credentials, _ = resolve_credentials(config.endpoint.address)
+    invoker = invoker_for(config, credentials, config.payload, PARALLEL + 1)
+    timeout_s = config.client.timeout_s
     reporter.info(f"==> warm-up: one answered request for each of {len(targets)} target(s) before the first stage")
     started = time.perf_counter()
 
     def warm(target: str | None) -> WarmedTarget:
         began = time.perf_counter()
-        deadline = began + 2 * config.timeout_s
+        deadline = began + 2 * timeout_s
         attempts = 0
         while True:
             attempts += 1

@@ -16,11 +16,10 @@ import signal  # noqa: E402
 import sys  # noqa: E402
 
 import gevent  # noqa: E402
-from locust.env import Environment  # noqa: E402
 
 from bench.config import TOKEN_ENV  # noqa: E402
 from bench.distributed import attach_worker, setup_logging  # noqa: E402
-from bench.users import STATE, BenchUser  # noqa: E402
+from bench.users import BenchEnvironment, BenchUser  # noqa: E402
 
 DEFAULT_MASTER_PORT = 5557
 
@@ -37,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging("bench worker")
     if args.managed:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    environment = Environment(user_classes=[BenchUser])
+    environment = BenchEnvironment(user_classes=[BenchUser])
     try:
         runner = environment.create_worker_runner(args.master_host, args.master_port)
     except ConnectionError:
@@ -55,10 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runner.greenlet.join()
     finally:
-        STATE.close()
+        environment.generator.close()
         runner.client.close(linger=200)  # zmq would otherwise wait forever on messages the master no longer reads
-    if STATE.error:
-        print(f"mme: error: {STATE.error}", file=sys.stderr)
+    if environment.generator.error:
+        print(f"mme: error: {environment.generator.error}", file=sys.stderr)
         return 2
     return 0
 

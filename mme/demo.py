@@ -91,12 +91,12 @@ def package_step(model: str, out: Path, repackage: bool, reporter: Reporter,
                  with_tokenizer: bool = False) -> "PackagedArtifact":
     """The cpu-local artifact of ``model`` under ``out`` (with its tokenizer: text in): the one
     there when it is of that kind, or a new one."""
-    from packager.manifest import MANIFEST_NAME, Manifest
+    from packager.manifest import Manifest, is_artifact_directory
     from packager.model import ModelRequest, triton_model_name
     from packager.pipeline import PackagedArtifact, PackageRequest, package
 
     directory = out / triton_model_name(model) / DEMO_FORMAT
-    if (directory / MANIFEST_NAME).is_file() and not repackage:
+    if is_artifact_directory(directory) and not repackage:
         manifest = Manifest.load(directory)
         if bool(manifest.details.values.get("text_input")) == with_tokenizer:
             reporter.info(f"  {directory} exists (pass --repackage to build it again)")
@@ -126,11 +126,14 @@ def capacity_step(artifact: "PackagedArtifact", memory_limit: int, max_copies: i
 def bench_step(endpoint_url: str, artifact: "PackagedArtifact", copies: int, time_scale: float, results: Path,
                run_id: str, quiet: bool) -> Path:
     """The staged load over ``copies`` copies (``mme bench``'s request, its other defaults kept): the run directory."""
-    from bench.request import BenchRequest
+    from bench.request import (BenchRequest, EndpointOptions, LoadOptions, OutputOptions, PayloadOptions,
+                               TargetOptions)
 
-    return _staged(BenchRequest(endpoint=DEMO_ENDPOINT, endpoint_url=endpoint_url, artifact=str(artifact.directory),
-                                binary=True, copies=copies, shape="staged", time_scale=time_scale, out=str(results),
-                                run_id=run_id, quiet=quiet), quiet)
+    return _staged(BenchRequest(endpoint=EndpointOptions(DEMO_ENDPOINT, endpoint_url),
+                                targets=TargetOptions(copies=copies),
+                                payload=PayloadOptions(artifact=str(artifact.directory), binary=True),
+                                load=LoadOptions(shape="staged", time_scale=time_scale),
+                                output=OutputOptions(out=str(results), run_id=run_id, quiet=quiet)), quiet)
 
 
 def _staged(request, quiet: bool) -> Path:
@@ -148,7 +151,7 @@ def _staged(request, quiet: bool) -> Path:
 def run(args: argparse.Namespace) -> int:
     from bench.report import build_report, print_results
     from mme.fsutil import write_json_atomic
-    from serving.local_endpoint import LocalEndpoint, LocalEndpointOptions
+    from serving.runtime.local_endpoint import LocalEndpoint, LocalEndpointOptions
 
     reporter = Reporter(quiet=args.quiet)
     results = Path(args.results)
@@ -189,8 +192,9 @@ def run_realtime(args: argparse.Namespace) -> int:
     """The second article's flow: one text model on a real-time endpoint, sized for a target TPS."""
     from bench.render import in_process_text
     from bench.report import build_report, print_results
-    from bench.request import BenchRequest
-    from serving.local_endpoint import LocalEndpoint, LocalEndpointOptions
+    from bench.request import (BenchRequest, EndpointOptions, GeneratorOptions, LoadOptions, OutputOptions,
+                               PayloadOptions)
+    from serving.runtime.local_endpoint import LocalEndpoint, LocalEndpointOptions
 
     if args.workers < 1:
         raise MmeError(f"--workers must be 1 or more (got {args.workers})")
@@ -206,10 +210,12 @@ def run_realtime(args: argparse.Namespace) -> int:
         reporter.info(f"  {endpoint.url}: {artifact.manifest.model} loaded; requests name no TargetModel")
         reporter.info(f"\n==> [3/{steps}] staged load, time scale {args.time_scale}, {args.workers} worker(s) "
                       "(mme bench --mode single)")
-        request = BenchRequest(endpoint=REALTIME_ENDPOINT, endpoint_url=endpoint.url, mode="single",
-                               artifact=str(artifact.directory), shape="staged", time_scale=args.time_scale,
-                               workers=args.workers, out=args.results, in_process=args.in_process,
-                               run_id=f"demo-realtime-{stamp}-{artifact.manifest.model}", quiet=args.quiet)
+        request = BenchRequest(endpoint=EndpointOptions(REALTIME_ENDPOINT, endpoint.url, mode="single"),
+                               payload=PayloadOptions(artifact=str(artifact.directory)),
+                               load=LoadOptions(shape="staged", time_scale=args.time_scale, in_process=args.in_process),
+                               generators=GeneratorOptions(workers=args.workers),
+                               output=OutputOptions(out=args.results, quiet=args.quiet,
+                                                    run_id=f"demo-realtime-{stamp}-{artifact.manifest.model}"))
         run_dir = _staged(request, args.quiet)
     reporter.info(f"\n==> [4/{steps}] report, sized for {args.target_tps:g} TPS with p95 <= {args.p95_slo_ms:g} ms "
                   "(mme report)")

@@ -55,13 +55,14 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from bench.per_model import PLAN_FILE, per_model
     from bench.report import build_report, print_results
-    from bench.request import BenchRequest
+    from bench.request import (BenchRequest, EndpointOptions, FleetOptions, LoadOptions, OutputOptions, PayloadOptions,
+                               TargetOptions)
     from mme.cli import main as mme_main
     from mme.demo import _staged
     from mme.fsutil import ensure_writable_dir, write_json_atomic
     from packager.catalogue import catalogue_artifacts, fleet_directory
     from sizing.fleet import measure_fleet, parse_mix, predict_run
-    from serving.local_endpoint import LocalEndpoint, LocalEndpointOptions
+    from serving.runtime.local_endpoint import LocalEndpoint, LocalEndpointOptions
 
     reporter = Reporter(quiet=args.quiet)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
@@ -98,11 +99,13 @@ def run(args: argparse.Namespace) -> int:
     with LocalEndpoint(options, Reporter(quiet=True)) as endpoint:
         reporter.info(f"\n==> [4/{steps}] the mix {args.mix} at {args.rps:g} requests/s for {args.duration:g} s, open loop "
                       "(mme bench --mix)")
-        request = BenchRequest(endpoint=FLEET_ENDPOINT, endpoint_url=endpoint.url, mix=args.mix,
-                               catalogue=str(catalogue), artifacts=args.out, mix_format=FLEET_FORMAT, rps=args.rps,
-                               binary=True, shape="open-loop", rate=args.rps, duration=args.duration,
-                               max_inflight=CONCURRENCY, seed=args.seed, out=args.results,
-                               run_id=f"demo-fleet-{stamp}-run", quiet=args.quiet)
+        request = BenchRequest(endpoint=EndpointOptions(FLEET_ENDPOINT, endpoint.url),
+                               targets=TargetOptions(seed=args.seed), payload=PayloadOptions(binary=True),
+                               fleet=FleetOptions(mix=args.mix, catalogue=str(catalogue), artifacts=args.out,
+                                                  format=FLEET_FORMAT, rps=args.rps),
+                               load=LoadOptions(shape="open-loop", rate=args.rps, duration=args.duration,
+                                                max_inflight=CONCURRENCY),
+                               output=OutputOptions(out=args.results, run_id=f"demo-fleet-{stamp}-run", quiet=args.quiet))
         run_dir = _staged(request, args.quiet)
     write_json_atomic(run_dir / PLAN_FILE, prediction)
 

@@ -40,7 +40,7 @@ from mme.fsutil import deterministic_tar_gz
 from mme.progress import Reporter
 from packager.manifest import Manifest
 from sizing.capacity import CapacityReport, CopyCost, Readings, build_report
-from serving.copies import copy_name
+from serving.models.copies import copy_name
 from serving.deploy.s3push import Artifact, execute_push, load_artifact, plan_push
 
 if TYPE_CHECKING:

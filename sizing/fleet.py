@@ -186,25 +186,21 @@ def plan_fleet(measurement: FleetMeasurement, rates: dict[str, float], memories:
 
 
 def plan_chart(rows: list[PlanRow]) -> bytes:
-    import matplotlib
+    """The predicted cache hit ratio by instance count, one line per instance, as PNG bytes
+    (drawn as every chart of the toolkit is: :mod:`mme.charts`)."""
+    from mme.charts import GRID_ALPHA, LEGEND_FONT_SIZE, figure, png
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig = figure(8, 4.5)
+    ax = fig.add_subplot()
     for row in rows:
         if row.curve:
             ax.plot([c[0] for c in row.curve], [100 * c[1] for c in row.curve], marker="o", label=row.instance)
     ax.set_xlabel("instances")
     ax.set_ylabel("predicted cache hit ratio (%)")
     ax.set_title("Fleet: predicted cache hit ratio by instance count")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    buffer = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buffer, format="png", dpi=110)
-    plt.close(fig)
-    return buffer.getvalue()
+    ax.grid(alpha=GRID_ALPHA)
+    ax.legend(fontsize=LEGEND_FONT_SIZE)
+    return png(fig)
 
 
 def write_plan(out: Path, measurement: FleetMeasurement, rates: dict[str, float], rows: list[PlanRow],

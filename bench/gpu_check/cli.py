@@ -15,6 +15,7 @@ from pathlib import Path
 
 from bench.gpu_check.steps import GpuCheckOptions as D  # the defaults; the standard library only
 from mme.argtypes import fraction, int_list, non_negative_int, positive_float, positive_int
+from packager.formats.gpu import PRECISIONS
 
 
 def register(subparsers) -> None:
@@ -40,7 +41,7 @@ def register(subparsers) -> None:
     r.add_argument("--encoder", default=D.encoder, help="Hugging Face encoder of step 6 (default: %(default)s)")
     r.add_argument("--seq-len", type=positive_int, default=D.seq_len, help="encoder sequence length (default: %(default)s)")
     r.add_argument("--batches", type=int_list, default=D.batches, help="batch sizes, comma separated (default: 1,16)")
-    r.add_argument("--precision", choices=("fp32", "tf32", "fp16"), default=D.precision,
+    r.add_argument("--precision", choices=PRECISIONS, default=D.precision,
                    help="TensorRT step; fp32 clears TF32, as TorchScript's TF32-off run (default: %(default)s)")
     r.add_argument("--limit", default=D.limit,
                    help="the memory copies fill to --threshold in steps 2 and 4: an instance type's usable GPU memory "

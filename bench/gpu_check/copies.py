@@ -4,7 +4,7 @@ figure labelled by what it counts.
 The first copy is loaded from the artifact (``torch.jit.load``), the others are copies of it
 on the device (``copy.deepcopy``: parameters and buffers duplicated GPU to GPU, seconds for
 hundreds of copies); each runs one inference at the max batch size, as a served copy would.
-After each, the meter ``mme capacity`` counts with is read (:func:`serving.memory.choose_meter`:
+After each, the meter ``mme capacity`` counts with is read (:func:`serving.monitor.memory.choose_meter`:
 NVML device-wide on the GPU, host RSS for the CPU dry run). Loading goes on while the next copy
 is expected to stay under ``threshold x limit`` (the rule ``mme capacity`` loads by), and stops
 there, at ``max_copies`` or at the step's deadline; which one stopped it is recorded. The
@@ -53,7 +53,7 @@ class CopyMemory:
 
 
 class Meter(Protocol):
-    """What the fill loop reads (serving.memory's meters): ``used()`` and ``total()`` bytes."""
+    """What the fill loop reads (serving.monitor.memory's meters): ``used()`` and ``total()`` bytes."""
 
     description: str
 
@@ -72,7 +72,7 @@ def nvml_index() -> int:
 
 def meter_for(device: str, pids: Callable[[], list[int]]):
     """The project's meter: NVML on the GPU; host RSS of ``pids`` for the CPU dry run."""
-    from serving.memory import choose_meter
+    from serving.monitor.memory import choose_meter
 
     return choose_meter("gpu" if device == "cuda" else "host", pids, gpu_index=nvml_index())
 

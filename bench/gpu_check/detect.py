@@ -94,7 +94,7 @@ def tensorrt_status() -> tuple[str, str]:
 
 def _nvml(facts: HostFacts) -> None:
     try:
-        from serving.memory import gpu_compute_capability, gpu_device_count
+        from serving.monitor.memory import gpu_compute_capability, gpu_device_count
 
         count = gpu_device_count()
         facts.nvml_gpus = -1 if count is None else count

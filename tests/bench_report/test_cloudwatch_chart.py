@@ -93,9 +93,10 @@ def test_cloudwatch_metrics_are_drawn_and_embedded(tmp_path, capsys):
 
 
 def test_cloudwatch_series_units_and_keys():
-    from bench.cloudwatch_data import cloudwatch_series
+    from bench.cloudwatch_data import parse_cloudwatch
 
-    period, series = cloudwatch_series(cloudwatch.to_json(metrics_report(3)))
+    saved = parse_cloudwatch(cloudwatch.to_json(metrics_report(3)))
+    period, series = saved.period_s, saved.series
     assert period == 60
     latency = series[("ModelLatency", "Average")]
     assert [round(v, 3) for _, v in latency] == [20.0, 22.5, 25.0]  # microseconds -> ms

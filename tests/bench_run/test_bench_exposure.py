@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from bench.config import TOKEN_ENV, is_loopback
-from bench.request import BenchRequest, build_config, worker_token_env
+from bench.request import (BenchRequest, EndpointOptions, GeneratorOptions, LoadOptions, build_config,
+                           worker_token_env)
 from mme.cli import build_parser
 from mme.errors import UsageError
 from tests.bench_run.fake_endpoint import FakeEndpoint
@@ -106,29 +107,31 @@ def test_only_a_worker_with_the_token_joins(tmp_path):
             assert b"env-secret" not in saved.read_bytes(), saved
 
 
-def _request(**change) -> BenchRequest:
-    return BenchRequest(endpoint="e", mode="single", shape="constant", users=1, duration=1.0, **change)
+def _request(url: str, **generators) -> BenchRequest:
+    return BenchRequest(endpoint=EndpointOptions("e", url, mode="single"),
+                        load=LoadOptions(shape="constant", users=1, duration=1.0),
+                        generators=GeneratorOptions(**generators))
 
 
 def test_the_master_binds_loopback_unless_an_address_is_given():
     with FakeEndpoint() as endpoint:
         url = endpoint.url
-        default = build_config(_request(endpoint_url=url), "", Path())
-        remote = build_config(_request(endpoint_url=url, expect_workers=2, master_port=5557), "", Path())
-        named = build_config(_request(endpoint_url=url, expect_workers=2, master_port=5557,
-                                      master_bind_host="10.1.2.3"), "", Path())
+        default = build_config(_request(url), "", Path())
+        remote = build_config(_request(url, expect_workers=2, master_port=5557), "", Path())
+        named = build_config(_request(url, expect_workers=2, master_port=5557, master_bind_host="10.1.2.3"), "", Path())
         with pytest.raises(UsageError, match="--worker-token is empty"):
-            build_config(_request(endpoint_url=url, worker_token=" "), "", Path())
-    assert default.master_bind_host == "127.0.0.1"
-    assert remote.master_bind_host == "127.0.0.1"  # expecting workers does not open the master
-    assert named.master_bind_host == "10.1.2.3"  # exactly the address given
-    assert "token" not in str(named.to_dict())  # the config file and the workers never see it
+            build_config(_request(url, worker_token=" "), "", Path())
+    assert default.generators.master_bind_host == "127.0.0.1"
+    assert remote.generators.master_bind_host == "127.0.0.1"  # expecting workers does not open the master
+    assert named.generators.master_bind_host == "10.1.2.3"  # exactly the address given
+    assert "token" not in named.to_json()  # the config file and the workers never see it
 
 
 def test_the_token_option_reaches_the_generator_environment():
     # (The environment variable itself is exercised end to end above: master and worker read it.)
     parsed = BenchRequest.from_args(build_parser().parse_args(["bench", "--endpoint", "e", "--worker-token", "t1"]))
-    assert parsed.worker_token == "t1" and worker_token_env(parsed.worker_token) == {TOKEN_ENV: "t1"}
+    token = parsed.generators.worker_token
+    assert token == "t1" and worker_token_env(token) == {TOKEN_ENV: "t1"}
     assert worker_token_env(None) == {}  # the generator then reads $MME_BENCH_WORKER_TOKEN, or makes one
     worker = build_parser().parse_args(["bench-worker", "--master-host", "127.0.0.1", "--token", "t2"])
     assert worker.token == "t2"

@@ -16,7 +16,7 @@ import pytest
 from bench.analysis import analyse
 from bench.results import ENDPOINT_METRICS_FILE, REQUESTS_FILE, RUN_FILE, STAGES_FILE
 from tests.bench_run.helpers import ROOT, bench_env, free_port, run_bench, saved_run
-from serving.reply_headers import COLD_HEADER
+from serving.runtime.reply_headers import COLD_HEADER
 from tests.conftest import serving_process
 
 STARTUP_TIMEOUT_S = 60.0

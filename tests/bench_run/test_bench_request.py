@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.request import DEFAULTS, BenchRequest, build_config
+from bench.request import (DEFAULTS, BenchRequest, EndpointOptions, FleetOptions, LoadOptions, PayloadOptions,
+                           TargetOptions, build_config)
 from mme.cli import build_parser
 from mme.errors import UsageError
 
@@ -17,57 +18,64 @@ def _parsed(*argv: str) -> BenchRequest:
     return BenchRequest.from_args(build_parser().parse_args(["bench", *argv]))
 
 
+def _unreachable(mode: str = "multi") -> EndpointOptions:
+    return EndpointOptions("e", "http://127.0.0.1:9", mode=mode)
+
+
 def test_the_command_line_defaults_are_the_request_defaults() -> None:
-    assert _parsed("--endpoint", "e") == BenchRequest(endpoint="e")
+    assert _parsed("--endpoint", "e") == BenchRequest(endpoint=EndpointOptions("e"))
 
 
 def test_every_option_reaches_its_field() -> None:
     request = _parsed("--endpoint", "e", "--copies", "3", "--shape", "constant", "--users", "4", "--duration", "9",
                       "--wait", "0.1,0.2", "--client", "boto3", "--max-p95-ms", "250", "--run-id", "r1", "--seed", "7")
-    assert (request.copies, request.shape, request.users, request.duration) == (3, "constant", 4, 9.0)
-    assert (request.wait, request.client, request.max_p95_ms, request.run_id, request.seed) == ((0.1, 0.2), "boto3", 250.0, "r1", 7)
-    assert {f.name for f in fields(BenchRequest)} >= {"endpoint", "quiet"}
-    assert DEFAULTS.wait == (0.05, 0.5)
+    load = request.load
+    assert (request.targets.copies, load.shape, load.users, load.duration) == (3, "constant", 4, 9.0)
+    assert (load.wait, request.client.kind, request.stops.max_p95_ms, request.output.run_id,
+            request.targets.seed) == ((0.1, 0.2), "boto3", 250.0, "r1", 7)
+    options = {f.metadata.get("option", f.name)
+               for group in fields(BenchRequest) for f in fields(getattr(request, group.name))}
+    assert options >= {"endpoint", "quiet"}
+    assert DEFAULTS.load.wait == (0.05, 0.5)
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"artifact": "a", "payload": "p"}, "not both"),
-    ({"binary": True}, "needs --artifact"),
-    ({"mode": "single", "copies": 2}, "--mode single sends no TargetModel"),
-    ({"mode": "multi"}, "needs a request body"),
+    ({"payload": PayloadOptions(artifact="a", file="p")}, "not both"),
+    ({"payload": PayloadOptions(binary=True)}, "needs --artifact"),
+    ({"endpoint": _unreachable("single"), "targets": TargetOptions(copies=2)}, "--mode single sends no TargetModel"),
+    ({"endpoint": _unreachable("multi")}, "needs a request body"),
 ])
 def test_a_library_caller_gets_the_same_one_line_errors(change: dict, message: str) -> None:
     with pytest.raises(UsageError, match=message):
-        build_config(BenchRequest(endpoint="e", endpoint_url="http://127.0.0.1:9", **change), "", Path())
+        build_config(BenchRequest(**{"endpoint": _unreachable(), **change}), "", Path())
 
 
 def test_the_master_port_defaults_to_the_workers_default_when_remote_workers_are_expected() -> None:
     from bench.config import WORKER_MASTER_PORT
     from tests.bench_run.fake_endpoint import FakeEndpoint
 
-    assert _parsed("--endpoint", "e").master_port is None
-    assert _parsed("--endpoint", "e", "--master-port", "6000").master_port == 6000
+    assert _parsed("--endpoint", "e").generators.master_port is None
+    assert _parsed("--endpoint", "e", "--master-port", "6000").generators.master_port == 6000
     assert build_parser().parse_args(["bench-worker", "--master-host", "h"]).master_port == WORKER_MASTER_PORT
     with FakeEndpoint() as endpoint:
-        request = BenchRequest(endpoint="e", endpoint_url=endpoint.url, mode="single")
-        assert build_config(request, "r", Path()).master_port == 0  # local workers only: any free port
-        remote = build_config(replace(request, expect_workers=1), "r", Path())
-        assert remote.master_port == WORKER_MASTER_PORT
+        request = BenchRequest(endpoint=EndpointOptions("e", endpoint.url, mode="single"))
+        assert build_config(request, "r", Path()).generators.master_port == 0  # local workers only: any free port
+        remote = build_config(replace(request, generators=replace(request.generators, expect_workers=1)), "r", Path())
+        assert remote.generators.master_port == WORKER_MASTER_PORT
 
 
 def test_in_process_needs_an_artifact_that_onnx_runtime_runs(tmp_path, test_resnet_cpu_local) -> None:
     directory, _ = test_resnet_cpu_local
     with pytest.raises(UsageError, match="--in-process runs the artifact's model in this process: it needs --artifact"):
-        build_config(BenchRequest(endpoint="e", endpoint_url="http://127.0.0.1:9", mode="single", in_process=1.0), "",
-                     Path())
+        build_config(BenchRequest(endpoint=_unreachable("single"), load=LoadOptions(in_process=1.0)), "", Path())
     torchscript = tmp_path / "torchscript"
     torchscript.mkdir()
     manifest = (directory / "manifest.json").read_text().replace('"format": "cpu-local"', '"format": "torchscript"')
     (torchscript / "manifest.json").write_text(manifest)
     with pytest.raises(UsageError, match="is torchscript: use an artifact in one of onnx, cpu-local"):
-        build_config(BenchRequest(endpoint="e", endpoint_url="http://127.0.0.1:9", artifact=str(torchscript),
-                                  in_process=1.0), "", Path())
-    assert _parsed("--endpoint", "e", "--in-process", "5").in_process == 5.0
+        build_config(BenchRequest(endpoint=_unreachable(), payload=PayloadOptions(artifact=str(torchscript)),
+                                  load=LoadOptions(in_process=1.0)), "", Path())
+    assert _parsed("--endpoint", "e", "--in-process", "5").load.in_process == 5.0
 
 
 def test_in_process_baseline_runs_the_artifacts_model_on_its_sample(test_resnet_cpu_local) -> None:
@@ -80,15 +88,18 @@ def test_in_process_baseline_runs_the_artifacts_model_on_its_sample(test_resnet_
     assert result.pipeline == "model" and result.runtime.startswith("onnxruntime ")
 
 
+FLEET = FleetOptions(mix="zipf:1.1", catalogue="fleet.toml")
+
+
 @pytest.mark.parametrize("change, message", [
-    ({"mix": "zipf:1.1"}, "--mix needs --catalogue FILE"),
-    ({"catalogue": "fleet.toml"}, "--catalogue goes with --mix"),
-    ({"mix": "zipf:1.1", "catalogue": "fleet.toml", "copies": 3}, "leave --copies out"),
-    ({"mix": "zipf:1.1", "catalogue": "fleet.toml", "mode": "single"}, "leave --mode single out"),
+    ({"fleet": FleetOptions(mix="zipf:1.1")}, "--mix needs --catalogue FILE"),
+    ({"fleet": FleetOptions(catalogue="fleet.toml")}, "--catalogue goes with --mix"),
+    ({"fleet": FLEET, "targets": TargetOptions(copies=3)}, "leave --copies out"),
+    ({"fleet": FLEET, "endpoint": _unreachable("single")}, "leave --mode single out"),
 ])
 def test_a_mix_refuses_what_does_not_go_with_it(change: dict, message: str) -> None:
     with pytest.raises(UsageError, match=message):
-        build_config(BenchRequest(endpoint="e", endpoint_url="http://127.0.0.1:9", **change), "", Path())
+        build_config(BenchRequest(**{"endpoint": _unreachable(), **change}), "", Path())
 
 
 def test_a_mixs_weights_pick_targets_in_proportion() -> None:
@@ -101,3 +112,22 @@ def test_a_mixs_weights_pick_targets_in_proportion() -> None:
     assert picker.probabilities() == pytest.approx((0.6, 0.3, 0.1))
     with pytest.raises(UsageError, match="one weight per target"):
         TargetPicker(("a", "b"), Distribution("uniform"), weights=(1.0,))
+
+
+def test_the_config_crosses_processes_as_json_and_comes_back_the_same_typed_value() -> None:
+    from bench.config import BenchConfig
+    from bench.in_process import InProcessResult
+    from bench.mix import MixPlan
+    from bench.payload import Payload
+    from tests.bench_run.fake_endpoint import FakeEndpoint
+
+    with FakeEndpoint() as endpoint:
+        config = build_config(BenchRequest(endpoint=EndpointOptions("e", endpoint.url, mode="single"),
+                                           load=LoadOptions(shape="constant", users=2, duration=3.0)), "r", Path("/x"))
+    binary = Payload(bytes(range(256)), "application/octet-stream", "a.bin", "m", "onnx")
+    mix = MixPlan(("a.tar.gz", "b.tar.gz"), (2.0, 1.0), (binary, config.payload), ("a", "b"), "zipf:1.1", "fleet.toml")
+    config = replace(config, targets=replace(config.targets, names=mix.targets, mix=mix),
+                     in_process=InProcessResult(10, 1.0, 10.0, 1.5, 2.5, "onnxruntime", "model", "sample"))
+    text = config.to_json()
+    assert BenchConfig.from_json(text) == config
+    assert "\\u0000" not in text and "base64" not in text  # bodies are base64 strings, not escaped bytes

@@ -8,7 +8,7 @@ import pytest
 
 from bench.targets import DEFAULT_TEMPLATE, TargetPicker, parse_distribution, target_names
 from mme.errors import UsageError
-from serving.copies import copy_name
+from serving.models.copies import copy_name
 
 
 def test_default_names_match_the_local_endpoints_copies():

@@ -4,7 +4,7 @@
 
 Writes a tarball holding a valid echo model plus one file of ``--gib`` GiB of zeros (about
 1,000x compression: 2.2 GiB pack to about 2.3 MB, far below the 16 GiB per-tarball cap), then
-has `serving.cache.ModelCache` fetch it from a local models directory in a child process while
+has `serving.models.cache.ModelCache` fetch it from a local models directory in a child process while
 this process samples the bytes allocated under the cache directory every 10 ms. Prints the
 peak, the time taken and how the fetch ended, and writes results/bench_bomb.json. ``--tree
 DIR`` runs the cache of another checkout (e.g. a worktree of an older commit).
@@ -32,8 +32,8 @@ from tests.serving_store.store_helpers import Zeros  # noqa: E402
 FETCH = """
 import sys
 from pathlib import Path
-from serving.cache import ModelCache
-from serving.store import LocalDirSource
+from serving.models.cache import ModelCache
+from serving.models.store import LocalDirSource
 try:
     ModelCache(Path(sys.argv[1]), LocalDirSource(Path(sys.argv[2]))).fetch("bomb.tar.gz")
     print("accepted")

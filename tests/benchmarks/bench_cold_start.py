@@ -26,7 +26,7 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from mme.process import stop_process  # noqa: E402
 from packager.manifest import MANIFEST_NAME, Manifest  # noqa: E402
-from serving.copies import copy_name  # noqa: E402
+from serving.models.copies import copy_name  # noqa: E402
 from tests.benchmarks.bench_front import free_port, save_result, tree_environment, wait_for  # noqa: E402
 
 

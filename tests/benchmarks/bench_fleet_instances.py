@@ -68,11 +68,12 @@ def main() -> int:
     from mme.demo import _staged
     from mme.demo_fleet import CONCURRENCY, FLEET, FLEET_FORMAT, THRESHOLD, catalogue_text
     from mme.fsutil import write_json_atomic
-    from bench.request import BenchRequest
+    from bench.request import (BenchRequest, EndpointOptions, FleetOptions, LoadOptions, OutputOptions, PayloadOptions,
+                               TargetOptions)
     from packager.catalogue import catalogue_artifacts, fleet_directory
     from sizing.fleet import FleetMeasurement, measure_fleet, parse_mix, predict_run
-    from serving.fleet_router import LocalFleet
-    from serving.local_endpoint import LocalEndpointOptions
+    from serving.runtime.fleet_router import LocalFleet
+    from serving.runtime.local_endpoint import LocalEndpointOptions
 
     reporter = Reporter()
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
@@ -100,11 +101,13 @@ def main() -> int:
         reporter.info(f"\n==> {count} instance(s) of {args.memory_limit / 2**20:.0f} MiB: predicted hit ratio "
                       f"{100 * (predicted['hit_ratio'] or 0):.1f}%, waited {100 * (predicted['waited_share'] or 0):.1f}%")
         with LocalFleet(options, count, Reporter(quiet=True), seed=args.seed) as fleet:
-            request = BenchRequest(endpoint="local-fleet", endpoint_url=fleet.url, mix=args.mix, catalogue=str(catalogue),
-                                   artifacts=args.out, mix_format=FLEET_FORMAT, rps=args.rps, binary=True,
-                                   shape="open-loop", rate=args.rps, duration=args.duration, max_inflight=CONCURRENCY,
-                                   seed=args.seed, out=args.results, run_id=f"bench-fleet-instances-{stamp}-{count}",
-                                   quiet=True)
+            request = BenchRequest(
+                endpoint=EndpointOptions("local-fleet", fleet.url), targets=TargetOptions(seed=args.seed),
+                payload=PayloadOptions(binary=True),
+                fleet=FleetOptions(mix=args.mix, catalogue=str(catalogue), artifacts=args.out, format=FLEET_FORMAT,
+                                   rps=args.rps),
+                load=LoadOptions(shape="open-loop", rate=args.rps, duration=args.duration, max_inflight=CONCURRENCY),
+                output=OutputOptions(out=args.results, run_id=f"bench-fleet-instances-{stamp}-{count}", quiet=True))
             run_dir = _staged(request, True)
         measured = measured_run(run_dir)
         per_model = {m["target"]: m for m in predicted["simulation"]["models"]}

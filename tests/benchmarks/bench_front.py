@@ -29,8 +29,8 @@ import requests
 
 from mme.fsutil import write_json_atomic
 from mme.process import child_env
-from serving.cache_entries import cache_key
-from serving.container_transport import http_session
+from serving.models.cache_entries import cache_key
+from serving.triton.container_transport import http_session
 from serving.triton.config import free_ports
 
 MODEL_PY = '''

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from mme.errors import MmeError  # noqa: E402
 from packager.manifest import Manifest  # noqa: E402
-from serving.copies import copy_name  # noqa: E402
+from serving.models.copies import copy_name  # noqa: E402
 from tests.benchmarks.bench_front import free_port, save_result, tree_environment, wait_for  # noqa: E402
 
 THRESHOLD = 0.9
