@@ -45,14 +45,14 @@ def test_every_inference_ami_botocore_knows_is_in_the_table_with_its_documented_
         assert ("disabled CUDA-compat mounting" in text) is row["compat_mounting_disabled"], name
 
 
-def test_families_in_the_table_are_instance_families_sagemaker_knows_and_match_serving_instances():
+def test_families_in_the_table_are_instance_families_sagemaker_knows_and_match_the_instance_catalogue():
     model = sagemaker_model()
     known = {t.rsplit(".", 1)[0] for shape in ("ProductionVariantInstanceType", "TrainingInstanceType")
              for t in model.shape_for(shape).enum}
     table = tomllib.loads((REPO / "mme" / "hosts.toml").read_text())
     families = set(table["gpus"]) | {f for row in table["default_hosts"] for f in row["families"]}
     assert families <= known, sorted(families - known)
-    serving = tomllib.loads((REPO / "serving" / "instances.toml").read_text())["families"]
+    serving = tomllib.loads((REPO / "mme" / "instances.toml").read_text())["families"]
     for family, row in serving.items():
         assert table["gpus"][family]["gpu"] == row["gpu"], family
 

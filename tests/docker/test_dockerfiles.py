@@ -275,6 +275,13 @@ def test_dockerignore_keeps_what_the_images_copy():
                     continue
                 sources.update(ins.args.split()[:-1])
     assert {"pyproject.toml", "README.md", "constraints.txt", "mme", "packager", "serving"} <= sources
+    packages = {p.rstrip("*") for p in tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+                ["packages"]["find"]["include"]}
+    for image in IMAGES:  # every image that installs the project copies every one of its packages
+        copied = {ins.args.split()[0] for stage in dockerfile(image).stages for ins in stage.all("COPY")
+                  if not ins.args.startswith("--from")}
+        if "pyproject.toml" in " ".join(copied) or "mme" in copied:
+            assert packages <= copied, f"{image} does not copy {sorted(packages - copied)}"
     for src in sources:
         assert (REPO / src).exists(), f"COPY {src}: no such path"
         for pattern in patterns:

@@ -103,7 +103,7 @@ def test_serving_image_starts_the_front_without_torch(tmp_path):
         args = build_parser().parse_args(["serve", "--models", "/models", "--host", "0.0.0.0", "--port", "8080"])
         assert args.command == "serve"
         build_parser().parse_args(["capacity", "/models"])
-        import serving.local_endpoint, sizing.capacity, serving.memory, serving.triton.factory
+        import serving.runtime.local_endpoint, sizing.capacity, serving.monitor.memory, serving.triton.factory
         import serving.triton.system, serving.triton.docker, serving.triton.local
         import packager.compat
         import numpy, onnxruntime  # what the python backend's cpu-local model.py imports

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.container import ping_status
+from serving.triton.container import ping_status
 from serving.triton.config import TritonServerConfig
 from serving.triton.system import (
     BINARY_ENV,
@@ -153,7 +153,7 @@ def test_required_model_root_follows_the_triton_version(monkeypatch, version, re
 
 def test_a_cache_dir_elsewhere_is_refused_where_triton_loads_only_from_opt_ml_models(monkeypatch, tmp_path):
     from mme.errors import UsageError
-    from serving.local_endpoint import LocalEndpoint, LocalEndpointOptions
+    from serving.runtime.local_endpoint import LocalEndpoint, LocalEndpointOptions
     from serving.triton.factory import choose_cache_root
 
     assert choose_cache_root(None, Path("/opt/ml/models")) == Path("/opt/ml/models")
