@@ -68,9 +68,10 @@ demo-realtime: $(STAMP) ## the second article's flow: distilbert on a local real
 test: $(STAMP) ## run the test suite (GPU tests are skipped without a GPU)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-lint: $(STAMP) ## ruff (errors and likely bugs) and mypy over the product code, as CI runs them
+lint: $(STAMP) ## ruff (errors, likely bugs, imports at the top but for heavy libraries), mypy and the layer order (import-linter), as CI runs them
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 test-gpu: $(STAMP) ## run only the GPU-marked tests (on a GPU host, after make install-gpu)
 	$(BIN)/pytest -m gpu $(PYTEST_ARGS)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from datetime import timedelta
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from bench.cloudwatch_data import utc_time
@@ -285,8 +286,6 @@ CLOUDWATCH_HIT_RATIO = ("ModelCacheHit", "Average")
 def cloudwatch_chart(summary: "RunSummary", saved: "CloudWatchMetrics") -> bytes:
     """A grid of the endpoint's CloudWatch time series over the run, minutes since the run
     started on x, stage starts as vertical lines. Raises ValueError when there is no datapoint."""
-    from datetime import timedelta
-
     period, series = saved.period_s, saved.series
     moments = [t for points in series.values() for t, _ in points]
     if not moments:

@@ -18,19 +18,20 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol
 from functools import lru_cache
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from botocore.auth import SIGNED_HEADERS_BLACKLIST, SigV4Auth, _host_from_url
+from geventhttpclient.connectionpool import ConnectionPool, SSLConnectionPool
+from geventhttpclient.response import HTTPSocketPoolResponse
 
-from bench.endpoint import SERVICE, EndpointAddress
-from serving.runtime.reply_headers import COLD_HEADER, read_cold
+from bench.endpoint import SIGNING_SERVICE, EndpointAddress
+from serving.runtime.reply_headers import COLD_HEADER, TARGET_HEADER, read_cold
 
 if TYPE_CHECKING:
     from bench.config import BenchConfig
     from bench.payload import Payload
 
-TARGET_HEADER = "X-Amzn-SageMaker-Target-Model"
 ERROR_TYPE_HEADER = "x-amzn-ErrorType"
 
 
@@ -138,7 +139,7 @@ def _cached_host(url: str) -> str:
 MESSAGE_CHARS = 300  # of a failure's message, kept per request
 
 
-def error_message(body: bytes) -> str:
+def reply_error_message(body: bytes) -> str:
     """The message of a SageMaker error body (``message``/``Message``), else its first line."""
     try:
         data = json.loads(body)
@@ -156,7 +157,7 @@ def exception_message(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:MESSAGE_CHARS] or type(exc).__name__
 
 
-def error_code(status: int, headers_get, body: bytes) -> str:
+def reply_error_code(status: int, headers_get, body: bytes) -> str:
     """The error code as botocore reads it: ``x-amzn-ErrorType`` up to its first ``:``, else
     the JSON body's ``__type``/``code``, else the status."""
     value = headers_get(ERROR_TYPE_HEADER)
@@ -181,8 +182,6 @@ class FastInvoker:
 
     def __init__(self, address: EndpointAddress, credentials, body: bytes, content_type: str, accept: str | None,
                  pool_size: int, timeout_s: float) -> None:
-        from geventhttpclient.connectionpool import ConnectionPool, SSLConnectionPool
-
         host, port = address.host, address.port
         pool_class = SSLConnectionPool if address.url.startswith("https://") else ConnectionPool
         self._pool = pool_class(host, port, host, port, size=max(1, pool_size), connection_timeout=timeout_s,
@@ -198,11 +197,9 @@ class FastInvoker:
         # Host is what SigV4 signs (botocore's rule: no default port); the rest is sent unsigned.
         self._head = (f"POST {address.invocations_path} HTTP/1.1\r\nHost: {_cached_host(self._url)}\r\n"
                       f"User-Agent: mme-bench\r\nContent-Length: {len(body)}\r\n")
-        self._signer = CachedSigV4Auth(credentials, SERVICE, address.region)
+        self._signer = CachedSigV4Auth(credentials, SIGNING_SERVICE, address.region)
 
     def invoke(self, target: str | None) -> InvokeResult:
-        from geventhttpclient.response import HTTPSocketPoolResponse
-
         start = time.perf_counter()
         headers = dict(self._signed)
         if target:
@@ -225,7 +222,7 @@ class FastInvoker:
             status, size = response.status_code, len(data)
             cold = read_cold(response.get(COLD_HEADER))
             if status != 200:
-                error, message = error_code(status, response.get, data), error_message(data)
+                error, message = reply_error_code(status, response.get, data), reply_error_message(data)
         except Exception as exc:  # every transport failure is a failed request, named by its type
             error, message = type(exc).__name__, exception_message(exc)
         return InvokeResult(status, error, (time.perf_counter() - start) * 1000.0, size, message, cold)
@@ -239,8 +236,8 @@ class Boto3Invoker:
 
     def __init__(self, address: EndpointAddress, credentials, body: bytes, content_type: str, accept: str | None,
                  pool_size: int, timeout_s: float) -> None:
-        import boto3
-        from botocore.config import Config
+        import boto3  # noqa: PLC0415 - only for --client boto3
+        from botocore.config import Config  # noqa: PLC0415 - only for --client boto3
 
         frozen = credentials.get_frozen_credentials()
         config = Config(retries={"total_max_attempts": 1, "mode": "standard"}, max_pool_connections=max(1, pool_size),
@@ -256,7 +253,7 @@ class Boto3Invoker:
             self._kwargs["Accept"] = accept
 
     def invoke(self, target: str | None) -> InvokeResult:
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import ClientError  # noqa: PLC0415 - only for --client boto3
 
         start = time.perf_counter()
         kwargs = dict(self._kwargs, EndpointName=self._name)

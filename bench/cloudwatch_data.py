@@ -16,7 +16,7 @@ from serving.deploy.cloudwatch import SCHEMA_VERSION
 _UNIT_SCALE = {"microseconds": 1e-3, "milliseconds": 1.0, "seconds": 1e3}
 
 # (metric, stat) -> datapoints (period start, value), oldest first
-Series = dict[tuple[str, str], list[tuple[datetime, float]]]
+SeriesByMetric = dict[tuple[str, str], list[tuple[datetime, float]]]
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class CloudWatchMetrics:
     """A saved ``cloudwatch_metrics.json``, values in the report's units (latencies in ms)."""
 
     period_s: int
-    series: Series
+    series: SeriesByMetric
 
 
 def utc_time(text: str) -> datetime:
@@ -45,7 +45,7 @@ def parse_cloudwatch(data: object) -> CloudWatchMetrics:
     series = data.get("series")
     if not isinstance(series, list) or isinstance(period, bool) or not isinstance(period, int) or period <= 0:
         raise ValueError("no 'series' list or no positive 'period_s'")
-    out: Series = {}
+    out: SeriesByMetric = {}
     for n, s in enumerate(series):
         try:
             # SampleCount counts datapoints whatever the metric's unit

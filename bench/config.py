@@ -16,16 +16,13 @@ in the environment, ``MME_BENCH_WORKER_TOKEN``.
 from __future__ import annotations
 
 import base64
-import ipaddress
 import json
 import types
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import asdict, dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from bench.endpoint import EndpointAddress
-from bench.in_process import InProcessResult
-from bench.mix import MixPlan
 from bench.payload import Payload
 from bench.stages import LoadPlan
 from bench.targets import Distribution
@@ -34,21 +31,46 @@ TOKEN_ENV = "MME_BENCH_WORKER_TOKEN"  # the shared token workers present to the 
 LOOPBACK = "127.0.0.1"
 
 
-def is_loopback(host: str) -> bool:
-    """Whether a master bound to ``host`` is reachable from this machine only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a host name: it may resolve to any address
-
-
 # Exit code of the load generator when the run went to its end and was saved, but more than
 # --max-failure-rate of its requests failed (mme bench then prints the run directory and exits 1).
 TOO_MANY_FAILURES = 4
 
 WORKER_MASTER_PORT = 5557  # the master's port remote workers (mme bench-worker) connect to by default
+
+
+@dataclass(frozen=True)
+class MixPlan:
+    """A fleet's mix as the load sends it (``mme bench --mix``; built by :func:`bench.mix.build_mix`)."""
+
+    targets: tuple[str, ...]
+    weights: tuple[float, ...]  # relative: each target's requests/s in the mix
+    payloads: tuple[Payload, ...]  # per target, in order
+    models: tuple[str, ...]  # the model of each target
+    spec: str  # --mix as given: zipf:S or a TOML file of rates
+    catalogue: str  # --catalogue
+
+    def to_json(self) -> dict:
+        """What run.json records of the mix (``extra["mix"]``)."""
+        return {"targets": list(self.targets), "weights": [round(w, 6) for w in self.weights],
+                "models": list(self.models), "payload_bytes": [len(p.body) for p in self.payloads],
+                "spec": self.spec, "catalogue": self.catalogue}
+
+
+@dataclass(frozen=True)
+class InProcessResult:
+    """What the artifact's model did in-process on the same sample (``mme bench --in-process``), for the report."""
+
+    requests: int
+    seconds: float
+    requests_per_s: float
+    p50_ms: float
+    p95_ms: float
+    runtime: str  # "onnxruntime 1.23.2, 2 intra-op threads"
+    pipeline: str  # "tokenizer + encoder" or "model"
+    payload: str  # what was sent
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
 
 
 @dataclass(frozen=True)
@@ -88,7 +110,7 @@ class TargetSettings:
 
 @dataclass(frozen=True)
 class LoadSettings:
-    plan: LoadPlan  # the stages (or the open-loop rate) checked by bench.stages.build_plan
+    plan: LoadPlan  # the stages (or the open-loop rate) checked by bench.stages.build_load_plan
     time_scale: float | None  # as given (recorded in run.json)
     wait_s: tuple[float, float]  # closed loop: each user's wait between requests, min and max
     max_inflight: int  # open loop: cap on requests in flight, all generators together

@@ -177,7 +177,7 @@ class MasterLink:
         elif client_id in self.admitted:
             self._handle(client_id, msg)
         elif msg.type == "client_ready":
-            from locust.rpc import Message
+            from locust.rpc import Message  # noqa: PLC0415 - importing locust patches the process: generator processes only
 
             # Acknowledge (the worker waits for it before asking for the configuration), but
             # keep it off the runner's clients until it shows the token.
@@ -186,7 +186,7 @@ class MasterLink:
         # Anything else from a worker without the token (reports, failures) is dropped.
 
     def _admit(self, client_id: str, data: dict) -> None:
-        from locust.rpc import Message
+        from locust.rpc import Message  # noqa: PLC0415 - importing locust patches the process: generator processes only
 
         token = data.get("token")
         if not (isinstance(token, str) and hmac.compare_digest(token.encode(), self.token.encode())):

@@ -9,11 +9,11 @@ import ipaddress
 import json
 import socket
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from mme.errors import MmeError, UsageError
 
-SERVICE = "sagemaker"  # SigV4 signing name of the SageMaker runtime
+SIGNING_SERVICE = "sagemaker"  # SigV4 signing name of the SageMaker runtime
 PLACEHOLDER_KEY = "mme-local-placeholder"
 
 
@@ -26,8 +26,6 @@ class EndpointAddress:
 
     @property
     def invocations_path(self) -> str:
-        from urllib.parse import quote
-
         return f"/endpoints/{quote(self.name, safe='')}/invocations"
 
     @property

@@ -12,54 +12,41 @@ from __future__ import annotations
 import importlib.util
 import json
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+import numpy as np
+
+from bench.config import InProcessResult
+from bench.payload import from_artifact
 from mme.errors import UsageError
 from mme.progress import Reporter
-from packager.formats import FORMATS as PACKAGER_FORMATS
 from mme.stats import percentile
+from packager.formats import FORMATS as PACKAGER_FORMATS
+from packager.manifest import Manifest
+from packager.text_ensemble import step_names
+from packager.triton_config import read_config
 
 if TYPE_CHECKING:  # numpy is imported where arrays are made: this module's record travels in BenchConfig
     import numpy as np
 
-FORMATS = tuple(name for name, fmt in PACKAGER_FORMATS.items() if fmt.onnx_model)  # onnx, cpu-local
+ONNX_FORMATS = tuple(name for name, fmt in PACKAGER_FORMATS.items() if fmt.onnx_model)  # onnx, cpu-local
 _NUMPY = {"FP32": "float32", "FP16": "float16", "INT64": "int64", "INT32": "int32", "BOOL": "bool", "BYTES": "object"}
 
 
-@dataclass(frozen=True)
-class InProcessResult:
-    requests: int
-    seconds: float
-    requests_per_s: float
-    p50_ms: float
-    p95_ms: float
-    runtime: str  # "onnxruntime 1.23.2, 2 intra-op threads"
-    pipeline: str  # "tokenizer + encoder" or "model"
-    payload: str  # what was sent
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
-
-
-def check_artifact(artifact: str | None) -> Path:
+def check_in_process_artifact(artifact: str | None) -> Path:
     """The artifact directory --in-process runs, or UsageError saying what it needs."""
-    from packager.manifest import Manifest
-
     if not artifact:
         raise UsageError("--in-process runs the artifact's model in this process: it needs --artifact DIR")
     manifest = Manifest.load(Path(artifact))
-    if manifest.format not in FORMATS:
+    if manifest.format not in ONNX_FORMATS:
         raise UsageError(f"--in-process runs ONNX files with ONNX Runtime; {artifact} is {manifest.format}: "
-                         f"use an artifact in one of {', '.join(FORMATS)}")
+                         f"use an artifact in one of {', '.join(ONNX_FORMATS)}")
     return Path(artifact)
 
 
 def kserve_arrays(body: bytes) -> dict[str, np.ndarray]:
     """The input tensors of a KServe v2 JSON request body."""
-    import numpy as np
-
     request = json.loads(body)
     arrays = {}
     for entry in request.get("inputs", ()):
@@ -74,9 +61,6 @@ def kserve_arrays(body: bytes) -> dict[str, np.ndarray]:
 def model_call(directory: Path) -> tuple[Callable[[dict[str, np.ndarray]], Any], str, str]:
     """One in-process call of the artifact's model on the JSON sample's arrays: (call, runtime, pipeline)."""
     import onnxruntime as ort
-
-    from packager.manifest import Manifest
-    from packager.text_ensemble import step_names
 
     manifest = Manifest.load(directory)
     text = manifest.details.values.get("text_input")
@@ -102,8 +86,6 @@ def model_call(directory: Path) -> tuple[Callable[[dict[str, np.ndarray]], Any],
 
 def _tokenizer(model_dir: Path) -> Any:
     """The artifact's own tokenizer (its model.py), set up from its config.pbtxt as Triton sets it up."""
-    from packager.triton_config import read_config
-
     version_dir = model_dir / "1"
     spec = importlib.util.spec_from_file_location("mme_packaged_tokenizer", version_dir / "model.py")
     if spec is None or spec.loader is None:
@@ -117,8 +99,6 @@ def _tokenizer(model_dir: Path) -> Any:
 def measure_in_process(directory: Path, seconds: float, reporter: Reporter) -> InProcessResult:
     """Call the model on the artifact's sample request one call after another for ``seconds``
     (after one untimed call); percentiles as the report's (:func:`mme.stats.percentile`)."""
-    from bench.payload import from_artifact
-
     call, runtime, pipeline = model_call(directory)
     arrays = kserve_arrays(from_artifact(directory).body)
     reporter.info(f"==> in-process baseline: {pipeline} of {directory} with {runtime}, batch 1, {seconds:g} s")

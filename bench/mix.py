@@ -9,35 +9,18 @@ catalogue's order is the popularity order) or a TOML file of rates.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-from bench.payload import Payload, from_artifact
+from bench.config import MixPlan
+from bench.payload import from_artifact
 from mme.errors import UsageError
-
-
-@dataclass(frozen=True)
-class MixPlan:
-    targets: tuple[str, ...]
-    weights: tuple[float, ...]  # relative: each target's requests/s in the mix
-    payloads: tuple[Payload, ...]  # per target, in order
-    models: tuple[str, ...]  # the model of each target
-    spec: str  # --mix as given: zipf:S or a TOML file of rates
-    catalogue: str  # --catalogue
-
-    def to_json(self) -> dict:
-        """What run.json records of the mix (``extra["mix"]``)."""
-        return {"targets": list(self.targets), "weights": [round(w, 6) for w in self.weights],
-                "models": list(self.models), "payload_bytes": [len(p.body) for p in self.payloads],
-                "spec": self.spec, "catalogue": self.catalogue}
+from packager.catalogue import catalogue_artifacts
+from packager.manifest import Manifest
+from sizing.mix import parse_mix
 
 
 def build_mix(mix: str, catalogue: str, artifacts: str, fmt: str | None, rps: float | None,
               binary: bool) -> MixPlan:
-    from packager.manifest import Manifest
-    from packager.catalogue import catalogue_artifacts
-    from sizing.fleet import parse_mix
-
     directories = catalogue_artifacts(Path(catalogue), Path(artifacts), fmt)
     manifests = [Manifest.load(d) for d in directories]
     names = [(m.model, m.tarball) for m in manifests]

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mme.errors import MmeError, UsageError
+from packager.manifest import Manifest
 from serving.runtime.errors_sagemaker import MAX_PAYLOAD_BYTES
+
 JSON = "application/json"
 SINGLE_MODEL_DEFAULT = json.dumps({"inputs": "I am super happy right now."}).encode()
 
@@ -27,8 +29,6 @@ class Payload:
 
 
 def from_artifact(directory: Path, binary: bool = False) -> Payload:
-    from packager.manifest import Manifest
-
     if not directory.is_dir():
         raise MmeError(f"--artifact {directory} is not a directory; point at artifacts/<model>/<format> made by 'mme package'")
     manifest = Manifest.load(directory)

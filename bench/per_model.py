@@ -18,7 +18,7 @@ from bench.results import readable_requests
 from mme.fsutil import write_bytes_atomic
 from mme.stats import percentile
 
-PLAN_FILE = "fleet-plan.json"
+FLEET_PLAN_FILE = "fleet-plan.json"
 PER_MODEL_CSV = "per_model.csv"
 
 
@@ -67,7 +67,7 @@ def per_model(run_dir: Path) -> list[ModelRow]:
 
 def predicted_hit_ratios(run_dir: Path) -> dict[str, float]:
     """The first plan's per-model predicted hit ratios of ``run_dir/fleet-plan.json`` (none: {})."""
-    path = run_dir / PLAN_FILE
+    path = run_dir / FLEET_PLAN_FILE
     try:
         plan = json.loads(path.read_text())
         models = plan["plans"][0]["simulation"]["models"]

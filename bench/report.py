@@ -3,15 +3,19 @@ runs, without re-running anything."""
 
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
+from bench import analysis, charts, render, sizing, summary_io
 from bench.cloudwatch_data import CLOUDWATCH_FILE, read_cloudwatch
-from mme.argtypes import positive_float
+from bench.per_model import per_model, write_per_model
+from bench.render import max_users_text
+from bench.results import RUN_FILE
+from mme.charts import write_png
 from mme.errors import OutputDirError, UsageError
+from mme.fsutil import ensure_writable_dir, write_bytes_atomic
 from mme.progress import Reporter
 
 if TYPE_CHECKING:
@@ -23,24 +27,6 @@ COMPARISON_CHART = "comparison.png"
 CLOUDWATCH_CHART = "cloudwatch.png"
 REPORT_HTML = "report.html"
 REPORT_MD = "report.md"
-
-
-def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "report",
-        help="summaries, charts and an HTML/Markdown report from saved 'mme bench' runs",
-        description="Rebuild everything from saved results: summary.csv/summary.json and a latency/throughput "
-        "chart in each run directory, a comparison chart for two or more runs (e.g. PyTorch vs TensorRT), "
-        "a self-contained report.html and report.md, and with --target-tps/--p95-slo-ms the instance count "
-        "that serves a target TPS at 60-70% utilisation of one instance's measured capacity.",
-    )
-    p.add_argument("results", nargs="+", metavar="RESULTS",
-                   help="run directories written by 'mme bench' (a directory of run directories also works)")
-    p.add_argument("--out", help="where report.html/report.md go (default: the run directory for one run, "
-                   "results/report-<timestamp> for several)")
-    p.add_argument("--target-tps", type=positive_float, metavar="T", help="size the fleet for T requests/s")
-    p.add_argument("--p95-slo-ms", type=positive_float, metavar="X", help="p95 latency requirement for sizing (ms)")
-    p.set_defaults(func=run)
 
 
 @dataclass(frozen=True)
@@ -56,8 +42,6 @@ class ReportPaths:
 def run_dirs(paths: Sequence[str | Path]) -> list[Path]:
     """The run directories named, in order, without duplicates; a directory that is not a
     run itself but holds runs stands for those runs (sorted by name)."""
-    from bench.results import RUN_FILE
-
     found: list[Path] = []
     for raw in paths:
         path = Path(raw)
@@ -84,11 +68,6 @@ def default_out(runs: Sequence[Path]) -> Path:
 
 def build_report(results: Sequence[str | Path], out: Path | None = None, target_tps: float | None = None,
                  p95_slo_ms: float | None = None, reporter: Reporter | None = None) -> ReportPaths:
-    from bench import analysis, charts, render, sizing, summary_io
-    from bench.per_model import per_model, write_per_model
-    from mme.charts import write_png
-    from mme.fsutil import ensure_writable_dir, write_bytes_atomic
-
     reporter = reporter or Reporter(quiet=True)
     if (target_tps is None) != (p95_slo_ms is None):
         raise UsageError("--target-tps and --p95-slo-ms go together: give both to size the fleet, or neither")
@@ -145,8 +124,6 @@ def build_report(results: Sequence[str | Path], out: Path | None = None, target_
 def _cloudwatch_chart(summary: "analysis.RunSummary", reporter: Reporter) -> "render.Chart | None":
     """The chart of the run's saved CloudWatch metrics; None (with a warning when the file is
     there but unusable) when there is nothing to draw."""
-    from bench import charts, render
-
     path = summary.run_dir / CLOUDWATCH_FILE
     try:
         saved = read_cloudwatch(summary.run_dir)
@@ -170,8 +147,6 @@ def _num(value: float | int | None, digits: int = 1) -> str:
 
 def print_results(paths: ReportPaths) -> None:
     """The results on stdout: one line per run, the sizing verdicts, then where the files are."""
-    from bench.render import max_users_text
-
     for r in paths.report.runs:
         o = r.summary.overall
         name = r.summary.run.run_id
@@ -189,11 +164,3 @@ def print_results(paths: ReportPaths) -> None:
         print(f"comparison chart: {paths.comparison}")
     print(f"markdown: {paths.markdown}")
     print(f"HTML report: {paths.html}")
-
-
-def run(args: argparse.Namespace) -> int:
-    reporter = Reporter(quiet=args.quiet)
-    paths = build_report(args.results, Path(args.out) if args.out else None, args.target_tps, args.p95_slo_ms,
-                         reporter)
-    print_results(paths)
-    return 0

@@ -3,7 +3,7 @@ and runs it.
 
 ``mme bench`` fills a request from its options, one sub-record per option group (their
 defaults are these records' defaults); library callers (``mme demo``) build one directly. Everything a user can get wrong is
-checked in ``build_config`` before the run directory exists: payload, shape, targets, the
+checked in ``build_bench_config`` before the run directory exists: payload, shape, targets, the
 endpoint answering. The run itself happens in a fresh ``python -m bench.run`` process
 (Locust monkey-patches the standard library on import), which writes ``<out>/<run-id>/``;
 Ctrl-C and SIGTERM are passed on to it, so it stops its users and saves what was measured.
@@ -23,15 +23,27 @@ from typing import get_type_hints
 
 from bench import payload as payloads
 from bench.child import CHILD_GRACE_S, run_child
-from bench.config import (LOOPBACK, TOKEN_ENV, WORKER_MASTER_PORT, BenchConfig, ClientSettings, EndpointSettings,
-                          GeneratorSettings, LoadSettings, RunOutput, StopConditions, TargetSettings)
+from bench.config import (
+    LOOPBACK,
+    TOKEN_ENV,
+    WORKER_MASTER_PORT,
+    BenchConfig,
+    ClientSettings,
+    EndpointSettings,
+    GeneratorSettings,
+    LoadSettings,
+    MixPlan,
+    RunOutput,
+    StopConditions,
+    TargetSettings,
+)
 from bench.endpoint import check_reachable, fetch_mode, fetch_targets, resolve_address, resolve_credentials
-from bench.in_process import check_artifact, measure_in_process
-from bench.mix import MixPlan, build_mix
+from bench.in_process import check_in_process_artifact, measure_in_process
+from bench.mix import build_mix
 from bench.results import REQUESTS_FILE
-from bench.stages import build_plan
+from bench.stages import build_load_plan
 from bench.targets import parse_distribution, resolve_targets
-from mme.errors import OutputDirError, UsageError
+from mme.errors import MmeError, OutputDirError, UsageError
 from mme.progress import Reporter
 
 
@@ -162,7 +174,7 @@ class BenchResult:
         return (self.run_dir / REQUESTS_FILE).exists()
 
 
-def build_config(request: BenchRequest, run_id: str, run_dir: Path) -> BenchConfig:
+def build_bench_config(request: BenchRequest, run_id: str, run_dir: Path) -> BenchConfig:
     """The generator's configuration, every option checked (UsageError names the one to fix)."""
     e, t, p, load = request.endpoint, request.targets, request.payload, request.load
     mix = _mix(request)
@@ -175,7 +187,7 @@ def build_config(request: BenchRequest, run_id: str, run_dir: Path) -> BenchConf
     if load.in_process < 0:
         raise UsageError(f"--in-process must be 0 or more seconds (got {load.in_process:g})")
     if load.in_process:
-        check_artifact(p.artifact)
+        check_in_process_artifact(p.artifact)
     if p.artifact:
         payload = payloads.from_artifact(Path(p.artifact), binary=p.binary)
     elif p.file:
@@ -202,7 +214,7 @@ def build_config(request: BenchRequest, run_id: str, run_dir: Path) -> BenchConf
                              "apply to multi-model endpoints")
         model = t.model or payload.model
 
-    plan = build_plan(load.shape, users=load.users, duration_s=load.duration, rate=load.rate,
+    plan = build_load_plan(load.shape, users=load.users, duration_s=load.duration, rate=load.rate,
                       time_scale=load.time_scale, steps=load.steps)
     if load.rate is not None and not plan.open_loop:
         raise UsageError("--rate applies to --shape open-loop")
@@ -314,7 +326,7 @@ def _make_run_dir(out: Path, run_id: str, explicit: bool) -> tuple[str, Path]:
 def start_bench(request: BenchRequest, reporter: Reporter) -> BenchResult:
     """Check ``request``, make its run directory and run the load generator to its end."""
     # Everything is checked before the run directory exists: nothing is created for a run that cannot start.
-    config = build_config(request, "", Path())
+    config = build_bench_config(request, "", Path())
     artifact, seconds = request.payload.artifact, request.load.in_process
     if seconds and artifact:
         config = replace(config, in_process=measure_in_process(Path(artifact), seconds, reporter))
@@ -329,3 +341,15 @@ def start_bench(request: BenchRequest, reporter: Reporter) -> BenchResult:
                                      worker_token_env(request.generators.worker_token),
                                      grace_s=config.stops.drain_s + CHILD_GRACE_S)
     return BenchResult(run_dir, code, stopped_by)
+
+
+def run_to_end(request: BenchRequest, quiet: bool = False) -> Path:
+    """Run ``request`` to its end and return its run directory; a run stopped by a signal or
+    ending with a failure is an MmeError saying so (what the demos and benchmark scripts want)."""
+    result = start_bench(request, Reporter(quiet=quiet))
+    if result.stopped_by is not None:
+        raise MmeError(f"the staged load was stopped (signal {result.stopped_by}); what it measured is in {result.run_dir}")
+    if result.code != 0:
+        raise MmeError(f"the staged load ended with exit code {result.code}; see the message above")
+    print(result.run_dir)
+    return result.run_dir

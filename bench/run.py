@@ -41,6 +41,7 @@ from bench.runners import FINALS_TIMEOUT_S, LoadRunners  # noqa: E402, F401
 from bench.shapes import shape_for  # noqa: E402
 from bench.stage_report import StageReporter, top_errors_line  # noqa: E402
 from bench.users import BenchEnvironment, BenchUser  # noqa: E402
+from bench.warmup import warm_up  # noqa: E402
 from mme.errors import MmeError  # noqa: E402
 from mme.progress import Reporter  # noqa: E402
 
@@ -168,7 +169,6 @@ class BenchRun:
         try:
             runner = self.runners.create(stopping=lambda: self.stop_reason is not None)
             if self.config.load.warmup and self.stop_reason is None:
-                from bench.warmup import warm_up
 
                 self.extra["warmup"] = warm_up(self.config, self.reporter)
             if self.config.in_process is not None:

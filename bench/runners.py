@@ -26,10 +26,11 @@ from typing import Any, Callable
 import gevent
 
 from bench.collect import Collector, Recorder
-from bench.config import TOKEN_ENV, BenchConfig, is_loopback
+from bench.config import TOKEN_ENV, BenchConfig
 from bench.distributed import MasterLink
 from bench.users import generator_of
 from mme.errors import MmeError
+from mme.network import is_loopback
 from mme.process import child_env
 from mme.progress import Reporter
 

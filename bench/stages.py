@@ -131,7 +131,7 @@ def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def build_plan(shape: str, *, users: int | None = None, duration_s: float | None = None, rate: float | None = None,
+def build_load_plan(shape: str, *, users: int | None = None, duration_s: float | None = None, rate: float | None = None,
                time_scale: float | None = None, steps: int | None = None) -> LoadPlan:
     """The plan for ``--shape`` and its options; every mistake is a one-line UsageError/MmeError."""
     if time_scale is not None and not (shape == "staged" or shape.startswith("file:")):

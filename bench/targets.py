@@ -9,6 +9,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 
 from mme.errors import UsageError
+from serving.models.copies import parse_copy_name
 
 # serving.models.copies.copy_name's naming: what `mme serve --copies N` answers for.
 DEFAULT_TEMPLATE = "{model}-v{i}.tar.gz"
@@ -66,8 +67,6 @@ def _shown(names: tuple[str, ...] | list[str]) -> str:
 def served_copies(model: str, served: tuple[str, ...]) -> tuple[str, ...]:
     """The copies of ``model`` among the targets an endpoint serves (``mme serve --copies N``'s
     names, serving.models.copies), copy 1 first."""
-    from serving.models.copies import parse_copy_name
-
     parsed = [(c.index, name) for name in served if (c := parse_copy_name(name)) is not None and c.stem == model]
     return tuple(name for _, name in sorted(parsed))
 

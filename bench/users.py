@@ -46,7 +46,7 @@ CONFIG_WAIT_S = 60.0
 CUT_OFF = "CutOff"  # error code of a request still in flight when the drain ended
 
 
-class InvokeFailed(Exception):
+class RequestFailed(Exception):
     """What Locust's failure statistics see for a failed request."""
 
     def __init__(self, result: InvokeResult) -> None:
@@ -201,7 +201,7 @@ class BenchUser(User):
             state.in_flight.pop(token, None)
         self.environment.events.request.fire(
             request_type="POST", name=target or "invocations", response_time=result.latency_ms,
-            response_length=result.response_bytes, exception=None if result.ok else InvokeFailed(result),
+            response_length=result.response_bytes, exception=None if result.ok else RequestFailed(result),
             context={"bench": (sent_at, target or "", result.status, result.error, users, result.message, 0,
                                result.cold)},
             response=None, url=None,

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from mme.errors import OutputDirError
+from mme.errors import MmeError, OutputDirError
 
 
 def sha256_of(path: Path, chunk: int = 1 << 20) -> str:
@@ -170,8 +170,6 @@ def read_versioned_json(path: Path, version: int, *, missing: str, remedy: str) 
     ``missing``: the whole message when the file does not exist; ``remedy``: how to get a
     good file, appended to the other messages.
     """
-    from mme.errors import MmeError
-
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:

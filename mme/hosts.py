@@ -26,6 +26,8 @@ from importlib import resources
 from typing import Sequence
 
 from mme.errors import UsageError
+from mme.instances import family_of
+from mme.versions import release, sagemaker_releases
 
 NATIVE = "native"
 MINOR = "minor-version compatibility"
@@ -132,11 +134,6 @@ def _table() -> dict:
     return tomllib.loads(resources.files("mme").joinpath("hosts.toml").read_text())
 
 
-def family_of(instance_type: str) -> str:
-    """``ml.g5.2xlarge`` -> ``ml.g5``."""
-    return instance_type.rsplit(".", 1)[0] if instance_type.count(".") >= 2 else instance_type
-
-
 def gpu_of(instance_type: str) -> Gpu | None:
     """The family's NVIDIA GPU; None when the family has none (CPU, Inferentia, Trainium, Gaudi)."""
     table = _table()
@@ -236,8 +233,6 @@ def best_ami(cuda: str, gpu: Gpu | None) -> Host | None:
 
 def releases_starting_on(host: Host, gpu: Gpu | None) -> list[str]:
     """SageMaker releases (newest first) whose CUDA ``host`` runs natively or by minor-version compatibility."""
-    from mme.versions import sagemaker_releases
-
     return [r.name for r in sagemaker_releases() if r.cuda and compat(r.cuda, host, gpu).how in (NATIVE, MINOR)]
 
 
@@ -361,7 +356,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ami", help="an InferenceAmiVersion (default: the family's default host)")
     parser.add_argument("--all", action="store_true", help="every AMI and the default host, for every SageMaker release")
     args = parser.parse_args(argv)
-    from mme.versions import release, sagemaker_releases
 
     try:
         rels = sagemaker_releases() if args.all else [release(args.release)]

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
+
 
 def percentile(values: Iterable[float], q: float) -> float | None:
     """Exact q-th percentile (0..100) by linear interpolation; None when there are no values."""
-    import numpy as np
-
     arr = values if isinstance(values, np.ndarray) else np.asarray(list(values), dtype=float)
     if arr.size == 0:
         return None

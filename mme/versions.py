@@ -20,7 +20,7 @@ import argparse
 import shlex
 import sys
 from dataclasses import dataclass, fields
-from importlib import resources
+from importlib import metadata, resources
 from typing import Sequence
 
 from mme.errors import UsageError
@@ -207,8 +207,6 @@ def build_args(image_name: str, name: str | None = None) -> dict[str, str]:
 
 def installed_stack() -> dict[str, str | None]:
     """Versions of the builder stack installed in this Python (None: not installed)."""
-    from importlib import metadata
-
     found: dict[str, str | None] = {}
     for dist in BUILDER_STACK:
         candidates = (dist, f"{dist}-cu13", f"{dist}-cu12") if dist == "tensorrt" else (dist,)

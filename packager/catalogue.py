@@ -33,7 +33,7 @@ from packager.layout import place_file
 from packager.manifest import Manifest, is_artifact_directory
 from packager.model import triton_model_name
 from packager.options import check_toml_keys, command_line, option, request_from_toml
-from packager.request import PackageRequest
+from packager.request import PackageRequest, request_fingerprint
 
 
 @dataclass(frozen=True)
@@ -134,3 +134,29 @@ def fleet_directory(directories: list[Path], into: Path) -> Path:
         name = Manifest.load(directory).tarball
         place_file(directory / name, into / name)
     return into
+
+
+LOGS_DIR = "catalogue-logs"  # each entry's request, result and log, under --out
+
+
+def up_to_date(request: PackageRequest, out: Path) -> tuple[bool, str]:
+    """Whether every format of ``request`` is packaged under ``out`` for the same options: (yes, why not)."""
+    fingerprint = request_fingerprint(request)
+    root = out / triton_model_name(request.model.name)
+    for fmt in request.formats:
+        directory = root / fmt
+        if not is_artifact_directory(directory):
+            return False, f"{fmt}: not packaged"
+        try:
+            manifest = Manifest.load(directory)
+        except Exception as exc:  # an unreadable manifest is a reason to package again, not to stop
+            return False, f"{fmt}: {exc}"
+        if manifest.details.values.get("request_sha256") != fingerprint:
+            return False, f"{fmt}: packaged with other options"
+        if manifest.validation.passed is not True:
+            return False, f"{fmt}: not validated"
+        for entry in manifest.files:
+            path = directory / entry.path
+            if not path.is_file() or path.stat().st_size != entry.bytes:
+                return False, f"{fmt}: {entry.path} missing or changed"
+    return True, ""

@@ -24,49 +24,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+import psutil
+
 from mme.errors import MmeError
 from mme.fsutil import ensure_writable_dir, write_json_atomic
 from mme.progress import Reporter
-from packager.catalogue import Catalogue, load_catalogue
-from packager.catalogue_summary import EntryResult, format_rows, write_summary
+from packager.catalogue import LOGS_DIR, Catalogue, load_catalogue, up_to_date
+from packager.catalogue_summary import EntryResult, format_rows, write_catalogue_summary
 from packager.child import ChildResult
-from packager.manifest import Manifest, is_artifact_directory
-from packager.model import triton_model_name
-from packager.pipeline import check_request
+from packager.pipeline import check_package_request
 from packager.registry import resolve
-from packager.request import PackageRequest, request_fingerprint
+from packager.remote.catalogue_jobs import package_on_sagemaker
+from packager.request import PackageRequest
 
 if TYPE_CHECKING:
     from packager.remote.catalogue_plan import JobsRequest
 
-LOGS_DIR = "catalogue-logs"
 CHILD_MODULE = "packager.child"
 MIN_FREE_BYTES = 1 << 30  # a process never starts with less than this available
 POLL_S = 0.5
 MAX_EXIT_CODE = 100
-
-
-def up_to_date(request: PackageRequest, out: Path) -> tuple[bool, str]:
-    """Whether every format of ``request`` is packaged under ``out`` for the same options: (yes, why not)."""
-    fingerprint = request_fingerprint(request)
-    root = out / triton_model_name(request.model.name)
-    for fmt in request.formats:
-        directory = root / fmt
-        if not is_artifact_directory(directory):
-            return False, f"{fmt}: not packaged"
-        try:
-            manifest = Manifest.load(directory)
-        except Exception as exc:  # an unreadable manifest is a reason to package again, not to stop
-            return False, f"{fmt}: {exc}"
-        if manifest.details.values.get("request_sha256") != fingerprint:
-            return False, f"{fmt}: packaged with other options"
-        if manifest.validation.passed is not True:
-            return False, f"{fmt}: not validated"
-        for entry in manifest.files:
-            path = directory / entry.path
-            if not path.is_file() or path.stat().st_size != entry.bytes:
-                return False, f"{fmt}: {entry.path} missing or changed"
-    return True, ""
 
 
 @dataclass(frozen=True)
@@ -105,8 +82,6 @@ def _no_result(code: int) -> str:
 
 
 def _tree_rss(process: subprocess.Popen) -> int:
-    import psutil
-
     try:
         parent = psutil.Process(process.pid)
         members = [parent, *parent.children(recursive=True)]
@@ -125,7 +100,7 @@ def _refusal(request: PackageRequest, build_here: bool = True) -> str:
     """Why ``mme package`` would refuse the entry before loading its model ('' when it would not);
     ``build_here=False``: on another host (a SageMaker job), whatever this one has."""
     try:
-        check_request(request, build_here=build_here)
+        check_package_request(request, build_here=build_here)
         resolve(request.model.name, request.family, request.model.weights_path)
     except MmeError as exc:
         return str(exc)
@@ -167,14 +142,13 @@ def package_catalogue(path: Path, out: Path, reporter: Reporter, jobs: int = 1,
                   f"up to date, {len(pending)} to package with {where} into {out}")
     start = time.perf_counter()
     if remote is not None:
-        from packager.remote.catalogue_jobs import package_on_sagemaker  # boto3's clients, when asked for
 
         if not package_on_sagemaker(remote, catalogue, requests, results, out, reporter):
             return 0  # a dry run: the plan was printed, nothing written
     else:
         _package_here(jobs, results, pending, out, reporter)
     wall = time.perf_counter() - start
-    paths = write_summary(out, catalogue, results, jobs, wall,
+    paths = write_catalogue_summary(out, catalogue, results, jobs, wall,
                           where=f"sagemaker:{remote.instance_type}" if remote else "local")
     failed = sum(r.status == "failed" for r in results)
     print(f"catalogue: {sum(r.status == 'packaged' for r in results)} packaged, "
@@ -187,8 +161,6 @@ def package_catalogue(path: Path, out: Path, reporter: Reporter, jobs: int = 1,
 def _package_here(jobs: int, results: list[EntryResult], pending: list[int], out: Path, reporter: Reporter) -> None:
     """Package the ``pending`` entries on this host, ``jobs`` processes at once, each in a
     :mod:`packager.child` that reads its request file and writes its result file."""
-    import psutil
-
     total = len(results)
     logs = out / LOGS_DIR
     if pending:

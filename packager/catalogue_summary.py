@@ -1,6 +1,6 @@
 """``mme package --catalogue``'s results: one :class:`EntryResult` per entry, each packaged
 format's figures read back from its manifest (:func:`format_rows`), and the summary files
-``catalogue-summary.{json,csv,md}`` under ``--out`` (:func:`write_summary`)."""
+``catalogue-summary.{json,csv,md}`` under ``--out`` (:func:`write_catalogue_summary`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from packager.manifest import Manifest
 from packager.model import triton_model_name
 from packager.request import PackageRequest
 
-SUMMARY_SCHEMA_VERSION = 1
+CATALOGUE_SUMMARY_SCHEMA = 1
 SUMMARY_NAME = "catalogue-summary"
 STAGES = ("load", "reference", "tokenizer", "export", "validate", "layout", "tarball")
 
@@ -57,10 +57,10 @@ def format_rows(request: PackageRequest, out: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def write_summary(out: Path, catalogue: Catalogue, results: list[EntryResult], jobs: int, wall_s: float,
+def write_catalogue_summary(out: Path, catalogue: Catalogue, results: list[EntryResult], jobs: int, wall_s: float,
                   where: str = "local") -> list[Path]:
     counts = {s: sum(r.status == s for r in results) for s in ("packaged", "up to date", "failed")}
-    document = {"schema_version": SUMMARY_SCHEMA_VERSION, "catalogue": str(catalogue.path), "out": str(out),
+    document = {"schema_version": CATALOGUE_SUMMARY_SCHEMA, "catalogue": str(catalogue.path), "out": str(out),
                 "jobs": jobs, "where": where, "wall_s": round(wall_s, 2), "counts": counts,
                 "entries": [r.to_dict() for r in results]}
     json_path = out / f"{SUMMARY_NAME}.json"

@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from mme.errors import MmeError
-from mme.versions import Release, release as triton_release, releases_with_tensorrt, same_major_minor, same_tensorrt
+from mme.instances import instance_gpu
+from mme.versions import Release, releases, releases_with_tensorrt, same_major_minor, same_tensorrt
+from mme.versions import release as triton_release
 from packager.formats import FORMATS, format_of
 from packager.formats.gpu import HARDWARE_COMPATIBLE  # TensorRT's HardwareCompatibilityLevel.AMPERE_PLUS
 from packager.manifest import MANIFEST_NAME, Manifest, is_artifact_directory
@@ -231,8 +233,6 @@ def check_release_on_gpu(release: Release, compute_capability: str | None, where
 
 
 def _releases_supporting(target: tuple[int, int]) -> list[Release]:
-    from mme.versions import releases
-
     return [r for r in releases() if r.sagemaker and (parse_cc(r.min_compute_capability) or (0, 0)) <= target]
 
 
@@ -291,7 +291,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         rel = triton_release(args.release)
         cc, where = None, "the target GPU"
         if args.instance_type:
-            from mme.instances import instance_gpu
 
             gpu = instance_gpu(args.instance_type)
             cc, where = gpu.compute_capability, gpu.describe(args.instance_type)

@@ -20,6 +20,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.internal import enum_type_wrapper
+
 DESCRIPTOR_FILE = Path(__file__).with_name("model_config.desc")
 
 
@@ -27,9 +30,6 @@ def schema_from_descriptor(data: bytes) -> Any:
     """A module-like namespace of the schema's message classes, enums and enum values, built
     from a serialized ``FileDescriptorProto`` in a pool of its own (no clash with a generated
     module of the same file in the default pool)."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-    from google.protobuf.internal import enum_type_wrapper
-
     pool = descriptor_pool.DescriptorPool()
     file = pool.Add(descriptor_pb2.FileDescriptorProto.FromString(data))
     get_class = getattr(message_factory, "GetMessageClass", None)  # protobuf >= 4.21

@@ -31,6 +31,8 @@ from packager.formats.gpu import PRECISIONS
 from packager.model import ModelRequest
 from packager.option_kinds import Choice, Consts, Flag, Kind, LocalPath, Names, Number, Numbers, Switch
 from packager.registry import family_names
+from packager.request import PackageRequest
+from packager.triton_options import TritonOptions
 
 if TYPE_CHECKING:
     from packager.request import PackageRequest
@@ -250,9 +252,6 @@ def request_from_values(model: str, values: Mapping[str, Any]) -> "PackageReques
     """The request for ``model`` with ``values`` (option name -> value; the table's defaults for the rest)."""
     # Imported here, not at the top: packager.triton_config loads Triton's protobuf schema (grpc,
     # tritonclient), which the command line's parser, built for every mme command, does not need.
-    from packager.request import PackageRequest
-    from packager.triton_config import TritonOptions
-
     parts: dict[str, dict[str, Any]] = {"": {}, "model": {"name": model}, "export": {}, "triton": {}}
     for row in OPTIONS:
         part, _, field = row.field.rpartition(".")

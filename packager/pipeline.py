@@ -34,7 +34,7 @@ from packager.request import PackageRequest, request_fingerprint
 from packager.served import served_kind
 from packager.triton_config import build_config
 
-__all__ = ["PackageRequest", "PackagedArtifact", "check_request", "package", "request_fingerprint"]
+__all__ = ["PackageRequest", "PackagedArtifact", "check_package_request", "package", "request_fingerprint"]
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class PackagedArtifact:
                 f"{m.tarball} {size:.1f} MB, weights: {m.weights})")
 
 
-def check_request(request: PackageRequest, *, build_here: bool = True) -> None:
+def check_package_request(request: PackageRequest, *, build_here: bool = True) -> None:
     """Refuse a request that cannot be packaged, before any work; ``build_here=False`` checks it
     for another host (a SageMaker job): everything but this host's GPU and local weights."""
     request.triton.check()
@@ -81,7 +81,7 @@ def check_request(request: PackageRequest, *, build_here: bool = True) -> None:
 
 
 def package(request: PackageRequest, reporter: Reporter) -> list[PackagedArtifact]:
-    check_request(request)
+    check_package_request(request)
     release = triton_release(request.triton_release)
     out = ensure_writable_dir(request.out)
     name = triton_model_name(request.model.name)

@@ -2,7 +2,7 @@
 
 Like timm's registry: a small table of families (:data:`FAMILIES`), ``list_models`` filtering,
 and an error for an unknown name that offers the closest known names. Each family is a row:
-its name, a description, and a source object implementing :class:`ModelSource` (load, list,
+its name, a description, and a source object implementing :class:`FamilySource` (load, list,
 what the family supports). ``mme package --family``'s choices, ``--list`` and the checks of
 ``--with-tokenizer`` all read the table, so a new family is one row and its module.
 """
@@ -20,7 +20,7 @@ from packager.model import LoadedModel, ModelRequest
 from packager.sources import hf_source, timm_source
 
 
-class ModelSource(Protocol):
+class FamilySource(Protocol):
     """Where a family's models come from, and what the family supports."""
 
     supports_tokenizer: bool  # text models whose tokenizer --with-tokenizer packages
@@ -47,7 +47,7 @@ class ModelFamily:
     name: str  # what --family takes and the manifest's source.family records
     title: str  # how messages name it ("Hugging Face text models")
     description: str
-    source: ModelSource
+    source: FamilySource
 
     def list_models(self, pattern: str | None = None) -> list[str]:
         return self.source.list_models(pattern)

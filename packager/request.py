@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from mme import __version__
 from packager.formats.base import ExportOptions
 from packager.model import ModelRequest
-from packager.triton_config import TritonOptions
+from packager.triton_options import TritonOptions
 
 REQUEST_SCHEMA_VERSION = 1
 

@@ -15,7 +15,7 @@ from packager.model import LoadedModel
 from packager.registry import ModelFamily
 from packager.request import PackageRequest
 from packager.text_ensemble import TextEnsemble
-from packager.triton_config import TritonOptions
+from packager.triton_options import TritonOptions
 from packager.validate import reference_cases, validate
 
 if TYPE_CHECKING:  # the generated module's types; at run time the schema packager.model_config chose

@@ -38,9 +38,16 @@ from packager.model import LoadedModel
 from packager.registry import FAMILIES, ModelFamily
 from packager.sources.hf_source import SAMPLE_TEXT  # the second article's payload
 from packager.spec import IOSpec, TensorSpec
-from packager.text_tokenizer import (VALIDATION_TEXTS, VOCAB_FILE, TextTokenizer, check_tokenizer, reference_tokenizer,
-                                     text_tokenizer)
-from packager.triton_config import TritonOptions, write_config
+from packager.text_tokenizer import (
+    VALIDATION_TEXTS,
+    VOCAB_FILE,
+    TextTokenizer,
+    check_tokenizer,
+    reference_tokenizer,
+    text_tokenizer,
+)
+from packager.triton_config import write_config
+from packager.triton_options import TritonOptions
 from packager.validate import ReferenceCase, reference_cases, validate
 
 if TYPE_CHECKING:  # the generated module's types; at run time the schema packager.model_config chose

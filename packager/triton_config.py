@@ -10,47 +10,21 @@ directory, and SageMaker's MME loads each copy under its target-model name
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from google.protobuf import text_format
 from google.protobuf.message import DecodeError
 
-from mme.errors import MmeError, UsageError
+from mme.errors import MmeError
 from mme.fsutil import write_bytes_atomic
 from packager.formats.base import ExportedModel, ModelFormat
+from packager.triton_options import TritonOptions
 
 if TYPE_CHECKING:  # the generated module's types; at run time the schema packager.model_config chose
     from tritonclient.grpc import model_config_pb2 as mc
 else:
     from packager.model_config import mc
-
-
-@dataclass(frozen=True)
-class TritonOptions:
-    """The config values users tune."""
-
-    max_batch_size: int = 16
-    dynamic_batching: bool = True
-    preferred_batch_sizes: tuple[int, ...] = ()
-    max_queue_delay_us: int = 100
-    instance_count: int = 1
-    instance_kind: str | None = None  # None: the format's default (KIND_GPU, KIND_CPU for cpu-local)
-    warmup: bool = False
-
-    def check(self) -> None:
-        if self.max_batch_size < 1:
-            raise UsageError(f"--max-batch-size must be 1 or more (got {self.max_batch_size})")
-        if self.instance_count < 1:
-            raise UsageError(f"--instance-count must be 1 or more (got {self.instance_count})")
-        if self.max_queue_delay_us < 0:
-            raise UsageError(f"--max-queue-delay-us must be 0 or more (got {self.max_queue_delay_us})")
-        bad = [b for b in self.preferred_batch_sizes if not 1 <= b <= self.max_batch_size]
-        if bad:
-            raise UsageError(
-                f"--preferred-batch-sizes {bad} must lie between 1 and --max-batch-size {self.max_batch_size}"
-            )
 
 
 def build_config(fmt: ModelFormat, exported: ExportedModel, options: TritonOptions, axes: dict[str, int],

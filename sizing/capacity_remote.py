@@ -33,15 +33,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mme.aws.errors import AwsError
-from mme.aws.s3 import TransferSettings, copy_object, head, matches, verify
-from mme.aws.session import S3Uri, aws_errors, error_code, error_message
+from mme.aws.s3 import CONTENT_TYPE, SHA_KEY, TransferSettings, copy_object, head, matches, verify
+from mme.aws.session import S3Uri, aws_errors, error_code, error_message, s3_fail
 from mme.errors import UsageError
-from mme.fsutil import deterministic_tar_gz
+from mme.fsutil import deterministic_tar_gz, sha256_of
 from mme.progress import Reporter
 from packager.manifest import Manifest
-from sizing.capacity import CapacityReport, CopyCost, Readings, build_report
-from serving.models.copies import copy_name
+from packager.model_config import mc
+from packager.triton_config import to_text, write_config
 from serving.deploy.s3push import Artifact, execute_push, load_artifact, plan_push
+from serving.models.copies import copy_name
+from serving.monitor.memory import DEFAULT_MEMORY_THRESHOLD
+from sizing.capacity_report import CapacityReport, CopyCost, Readings, build_capacity_report
 
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig
@@ -63,8 +66,6 @@ PRELOADED_BYTES = 2 * MIB  # a copy that adds less than this was already loaded
 
 def metrics_config() -> "ModelConfig":
     """The metrics model's Triton config (no name: the MME loads it under its target name)."""
-    from packager.model_config import mc
-
     config = mc.ModelConfig(backend="python", max_batch_size=0)
     config.input.add(name="request", data_type=mc.TYPE_INT32, dims=[1])
     for name, dtype in zip(METRICS_OUTPUTS, (mc.TYPE_INT64, mc.TYPE_INT64, mc.TYPE_FP32, mc.TYPE_STRING)):
@@ -75,15 +76,11 @@ def metrics_config() -> "ModelConfig":
 
 def metrics_config_text() -> str:
     """config.pbtxt of the metrics model, through Triton's protobuf schema (``packager.triton_config``)."""
-    from packager.triton_config import to_text
-
     return to_text(metrics_config())
 
 
 def build_metrics_tarball(dest_dir: Path) -> Path:
     """``dest_dir/gpu-metrics.tar.gz``: gpu-metrics/config.pbtxt + gpu-metrics/1/model.py, byte-identical each time."""
-    from packager.triton_config import write_config
-
     dest_dir = Path(dest_dir)
     dest_dir.mkdir(parents=True, exist_ok=True)
     model_py = resources.files("serving").joinpath("metrics_model/model.py").read_text()
@@ -99,9 +96,6 @@ def build_metrics_tarball(dest_dir: Path) -> Path:
 
 def push_metrics_model(s3: Any, destination: S3Uri) -> tuple[str, bool]:
     """Put gpu-metrics.tar.gz under the prefix unless the same bytes are there; (key, written)."""
-    from mme.fsutil import sha256_of
-    from mme.aws.s3 import CONTENT_TYPE, SHA_KEY
-
     key = destination.key(METRICS_TARBALL)
     with tempfile.TemporaryDirectory(prefix="mme-gpu-metrics-") as tmp:
         tarball = build_metrics_tarball(Path(tmp))
@@ -112,8 +106,6 @@ def push_metrics_model(s3: Any, destination: S3Uri) -> tuple[str, bool]:
         s3.put_object(Bucket=destination.bucket, Key=key, Body=data, ContentType=CONTENT_TYPE,
                       Metadata={SHA_KEY: sha, "mme-model": METRICS_MODEL})
     except aws_errors() as exc:
-        from mme.aws.session import s3_fail
-
         raise s3_fail(exc, "upload to", destination.url(key), "s3:PutObject") from None
     verify(s3, destination.bucket, key, sha, len(data))
     return key, True
@@ -177,7 +169,7 @@ class RemoteCapacityRequest:
     endpoint: str
     destination: S3Uri
     artifact: Path
-    threshold: float = 0.9
+    threshold: float = DEFAULT_MEMORY_THRESHOLD
     max_copies: int = 200
     settle_seconds: float = 0.2  # between a copy's first request and the memory reading
 
@@ -258,7 +250,7 @@ def measure_remote_capacity(s3: Any, invoker: EndpointInvoker, request: RemoteCa
             break
     # copies that were already loaded tell nothing about a copy's size
     sized = [s for s in readings.steps if s.delta_bytes >= PRELOADED_BYTES] or readings.steps
-    report = build_report(readings, sized, instances=instances)
+    report = build_capacity_report(readings, sized, instances=instances)
     reporter.info(f"  {CopyCost.of(sized).line()}: {report.actual_copies} copies fit under {request.threshold:.0%} "
                   f"(stopped at {stopped}), predicted {report.predicted_copies}")
     return RemoteCapacityResult(report, source, tuple(copied), tuple(reused), stopped)

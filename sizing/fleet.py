@@ -1,11 +1,10 @@
 """``mme capacity --catalogue FILE --mix MIX``: how many instances a fleet of different models
 needs, what cache hit ratio its traffic will see and which share of requests will wait for a load.
 
-1. measure: every catalogue model as ``mme capacity`` measures one (one copy on an empty Triton:
-   memory at rest and after requests at its max batch size, load seconds), plus the server's
-   baseline and the endpoint's requests in flight. Saved as ``fleet-measurements.json``, so a
-   plan for another mix or limit is rebuilt with ``--measurements FILE`` without measuring again.
-2. plan: for each instance (this host under ``--memory-limit``, and the GPU instance types of
+1. measure (:mod:`sizing.fleet_measure`): every catalogue model as ``mme capacity`` measures one,
+   saved as ``fleet-measurements.json`` so a plan for another mix or limit is rebuilt with
+   ``--measurements FILE`` without measuring again; the mix (:mod:`sizing.mix`);
+2. plan (here): for each instance (this host under ``--memory-limit``, and the GPU instance types of
    mme/instances.toml), the fewest instances whose share of requests waiting for a load stays
    within ``--max-cold-share``, by simulating the endpoint's LRU cache on the mix
    (sizing/fleet_sim.py). Written as ``fleet-plan.{json,md,csv}`` and ``fleet-plan.png``.
@@ -16,130 +15,20 @@ GPU memory; measured as host memory (the cpu-local format) they are a rough guid
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
-import statistics
-import tomllib
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mme.errors import UsageError
-from mme.fsutil import ensure_writable_dir, write_bytes_atomic, write_json_atomic
-from mme.progress import Reporter
-from sizing.fleet_sim import SimModel, SimResult, simulate, smallest_fleet, zipf_rates
+from mme.charts import GRID_ALPHA, LEGEND_FONT_SIZE, figure, png
+from mme.fsutil import write_bytes_atomic, write_json_atomic
+from sizing.fleet_measure import FleetMeasurement
+from sizing.fleet_sim import SimModel, SimResult, simulate, smallest_fleet
 
-SCHEMA_VERSION = 1
-MEASUREMENTS = "fleet-measurements.json"
 PLAN = "fleet-plan"
+SCHEMA_VERSION = 1  # of fleet-plan.json
 MIB = 2**20
-
-
-@dataclass(frozen=True)
-class ModelFootprint:
-    model: str
-    target: str  # the tarball name requests name
-    format: str
-    artifact: str
-    rest_bytes: int
-    loaded_bytes: int
-    load_seconds: float
-    unload_seconds: float = 0.0  # measurements written before it was measured read 0
-
-
-@dataclass(frozen=True)
-class FleetMeasurement:
-    memory_kind: str
-    baseline_bytes: int
-    overhead_bytes: int  # the endpoint's requests in flight (the largest measured), counted once
-    models: tuple[ModelFootprint, ...]
-    schema_version: int = SCHEMA_VERSION
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def load(cls, path: Path) -> "FleetMeasurement":
-        from mme.fsutil import read_versioned_json
-
-        data = read_versioned_json(path, SCHEMA_VERSION, missing=f"--measurements {path}: no such file",
-                                   remedy="measure again without --measurements")
-        try:
-            return cls(str(data["memory_kind"]), int(data["baseline_bytes"]), int(data["overhead_bytes"]),
-                       tuple(ModelFootprint(**m) for m in data["models"]))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise UsageError(f"{path} is not a fleet measurement ({exc}); measure again without --measurements") from None
-
-    def footprint(self, target: str) -> ModelFootprint:
-        return next(m for m in self.models if m.target == target)
-
-
-def measure_fleet(artifacts: list[Path], reporter: Reporter, *, server_kind: str = "local", memory: str = "auto",
-                  concurrency: int = 200, binary: bool = False) -> FleetMeasurement:
-    """One copy of each artifact on its own empty Triton, measured as ``mme capacity`` does."""
-    from packager.manifest import Manifest
-    from sizing.capacity import measure_capacity
-
-    footprints, baselines, overheads, kinds = [], [], [], set()
-    for index, artifact in enumerate(artifacts, start=1):
-        manifest = Manifest.load(artifact)
-        reporter.info(f"  [{index}/{len(artifacts)}] {manifest.model} ({manifest.format})")
-        report = measure_capacity(artifact, threshold=0.9, limit_bytes=None, probe_copies=1, verify=False,
-                                  max_copies=1, reporter=Reporter(quiet=True), server_kind=server_kind, memory=memory,
-                                  concurrency=concurrency, binary=binary, measure_unload=True)
-        step = report.steps[0]
-        footprints.append(ModelFootprint(manifest.model, manifest.tarball, manifest.format, str(artifact),
-                                         int(step.rest_delta_bytes or step.delta_bytes), int(step.delta_bytes),
-                                         round(step.load_seconds, 3), report.unload_seconds or 0.0))
-        baselines.append(report.baseline_bytes)
-        overheads.append(report.overhead_bytes)
-        kinds.add(report.memory_kind)
-        reporter.info(f"      {step.delta_bytes / MIB:.0f} MiB loaded ({(step.rest_delta_bytes or 0) / MIB:.0f} at rest), "
-                      f"load {step.load_seconds:.2f} s, unload {report.unload_seconds or 0:.2f} s")
-    return FleetMeasurement(" / ".join(sorted(kinds)), int(statistics.median(baselines)), max(overheads),
-                            tuple(footprints))
-
-
-# --- the traffic mix ---------------------------------------------------------------------
-
-
-def parse_mix(text: str, rps: float | None, names: list[tuple[str, str]]) -> dict[str, float]:
-    """Requests/s per target of ``names`` ((model, tarball name) in catalogue order): ``zipf:S``
-    (with --rps: the catalogue's order is the popularity order), or a TOML file with ``[rates]``
-    (model or tarball name = requests/s) or ``zipf = S`` and ``rps = R``."""
-    by_name = {model: target for model, target in names} | {target: target for _, target in names}
-    order = [target for _, target in names]
-    if text.startswith("zipf:"):
-        try:
-            exponent = float(text.removeprefix("zipf:"))
-        except ValueError:
-            raise UsageError(f"--mix {text}: zipf:S takes a number, e.g. zipf:1.1") from None
-        if rps is None:
-            raise UsageError(f"--mix {text} needs --rps R: the requests/s over the whole fleet")
-        return zipf_rates(order, exponent, rps)
-    path = Path(text)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"--mix {text}: no such file; give zipf:S with --rps R, or a TOML file with [rates]") from None
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"--mix {text}: cannot read it as TOML ({exc})") from None
-    if "rates" in data:
-        rates = {}
-        for name, value in data["rates"].items():
-            if name not in by_name:
-                raise UsageError(f"--mix {text}: {name!r} is not in the catalogue ({', '.join(m for m, _ in names)})")
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise UsageError(f"--mix {text}: the rate of {name} must be a number of requests/s, 0 or more")
-            rates[by_name[name]] = float(value)
-        return {t: rates.get(t, 0.0) for t in order}
-    if "zipf" in data:
-        total = data.get("rps", rps)
-        if total is None:
-            raise UsageError(f"--mix {text}: give rps = R next to zipf (or --rps R)")
-        return zipf_rates(order, float(data["zipf"]), float(total))
-    raise UsageError(f"--mix {text}: give a [rates] table (model = requests/s) or zipf = S with rps = R")
 
 
 # --- the plan ------------------------------------------------------------------------------
@@ -188,8 +77,6 @@ def plan_fleet(measurement: FleetMeasurement, rates: dict[str, float], memories:
 def plan_chart(rows: list[PlanRow]) -> bytes:
     """The predicted cache hit ratio by instance count, one line per instance, as PNG bytes
     (drawn as every chart of the toolkit is: :mod:`mme.charts`)."""
-    from mme.charts import GRID_ALPHA, LEGEND_FONT_SIZE, figure, png
-
     fig = figure(8, 4.5)
     ax = fig.add_subplot()
     for row in rows:
@@ -267,50 +154,6 @@ def plan_markdown(measurement: FleetMeasurement, rates: dict[str, float], rows: 
         out.append("Footprints were measured as host memory (CPU formats); the GPU instance types' rows reuse them "
                    "as a rough guide: measure on a GPU host for GPU memory.")
     return "\n".join(out) + "\n"
-
-
-def run_fleet_capacity(args: argparse.Namespace) -> int:
-    from sizing.capacity import CONCURRENCY
-    from mme.instances import gpu_memory, load_instances
-
-    reporter = Reporter(quiet=args.quiet)
-    if args.mix is None:
-        raise UsageError("--catalogue sizes a fleet for a traffic mix: add --mix zipf:1.1 --rps 20, or --mix FILE")
-    if not 0 <= args.max_cold_share < 1:
-        raise UsageError(f"--max-cold-share must be at least 0 and below 1 (got {args.max_cold_share})")
-    out = Path(args.out)
-    if args.measurements:
-        measurement = FleetMeasurement.load(Path(args.measurements))
-        rates = parse_mix(args.mix, args.rps, [(m.model, m.target) for m in measurement.models])
-    else:
-        from packager.catalogue import catalogue_artifacts
-        from packager.manifest import Manifest
-
-        artifacts = catalogue_artifacts(Path(args.catalogue), Path(args.artifacts), args.catalogue_format)
-        manifests = [Manifest.load(a) for a in artifacts]
-        rates = parse_mix(args.mix, args.rps, [(m.model, m.tarball) for m in manifests])  # before the long part
-        reporter.info(f"==> measuring {len(artifacts)} models one copy each (as mme capacity does)")
-        measurement = measure_fleet(artifacts, reporter, server_kind=args.server, memory=args.memory,
-                                    concurrency=args.concurrency or CONCURRENCY, binary=args.binary)
-    out = ensure_writable_dir(out)
-    if not args.measurements:
-        write_json_atomic(out / MEASUREMENTS, measurement.to_dict())
-    memories: list[tuple[str, int]] = []
-    if args.memory_limit:
-        memories.append((f"this host ({args.memory_limit / MIB:.0f} MiB)", int(args.memory_limit)))
-    instances = load_instances(Path(args.instances)) if args.instances else load_instances()
-    memories += [(name, gpu_memory(row)[0]) for name, row in instances.items()]  # usable, where known
-    rows = plan_fleet(measurement, rates, memories, args.threshold, args.max_cold_share, args.sim_duration,
-                      use_rest=args.at_rest, seed=args.seed)
-    settings = {"threshold": args.threshold, "max_cold_share": args.max_cold_share, "duration_s": args.sim_duration,
-                "counted": "at rest" if args.at_rest else "loaded", "seed": args.seed, "mix": args.mix, "rps": args.rps}
-    paths = write_plan(out, measurement, rates, rows, settings)
-    print(plan_table(rows))
-    for path in paths:
-        print(f"written {path}")
-    if not args.measurements:
-        print(f"written {out / MEASUREMENTS} (plan again without measuring: --measurements {out / MEASUREMENTS})")
-    return 0
 
 
 def sim_models(measurement: FleetMeasurement, rates: dict[str, float], use_rest: bool = False) -> list[SimModel]:

@@ -21,7 +21,6 @@ same inputs give the same figures.
 from __future__ import annotations
 
 import heapq
-import math
 import random
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -179,13 +178,6 @@ def simulate(models: list[SimModel], instances: int, budget_bytes: int, duration
             outcome.waited += 1
             outcome.wait_seconds += start + model.load_seconds - now
     return result
-
-
-def zipf_rates(targets: list[str], exponent: float, total_rps: float) -> dict[str, float]:
-    """Rates of a Zipf popularity over ``targets`` in their order (the first most popular)."""
-    weights = [1.0 / math.pow(rank, exponent) for rank in range(1, len(targets) + 1)]
-    scale = total_rps / sum(weights)
-    return {t: w * scale for t, w in zip(targets, weights)}
 
 
 def smallest_fleet(models: list[SimModel], budget_bytes: int, duration_s: float, warmup_s: float,

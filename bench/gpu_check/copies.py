@@ -21,6 +21,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+from serving.monitor.memory import choose_meter
+from sizing.capacity_report import predict_copies
+
 MIB = 1 << 20
 PROBE_COPIES = 3  # what mme capacity's prediction is made from (its --probe-copies default)
 COUNTED = {
@@ -72,8 +75,6 @@ def nvml_index() -> int:
 
 def meter_for(device: str, pids: Callable[[], list[int]]):
     """The project's meter: NVML on the GPU; host RSS of ``pids`` for the CPU dry run."""
-    from serving.monitor.memory import choose_meter
-
     return choose_meter("gpu" if device == "cuda" else "host", pids, gpu_index=nvml_index())
 
 
@@ -82,8 +83,6 @@ def fill_copies(load_first: Callable[[], Any], clone: Callable[[Any], Any], mete
                 device: str = "cuda", sync: Callable[[], None] = lambda: None, probe: int = PROBE_COPIES) -> CopyMemory:
     """Load copies until the next would pass ``threshold x limit`` (or ``max_copies``, or the
     ``time.monotonic()`` ``deadline``); the figures. ``clone`` makes copy 2, 3, ... of copy 1."""
-    from sizing.capacity import predict_copies
-
     started = time.monotonic()
     budget = threshold * limit
     sync()

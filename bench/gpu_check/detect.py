@@ -16,6 +16,9 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, fields
 
+from mme.fsutil import gzip_backend
+from mme.versions import release, same_tensorrt
+
 
 @dataclass
 class HostFacts:
@@ -74,8 +77,6 @@ def _first_line(exc: BaseException) -> str:
 
 def tensorrt_status() -> tuple[str, str]:
     """(version or "", why it is missing or differs from the release's, or "")."""
-    from mme.versions import release, same_tensorrt
-
     wanted = release().tensorrt
     installed = _version("tensorrt", "tensorrt-cu13", "tensorrt-cu12")
     if installed is None:
@@ -94,7 +95,7 @@ def tensorrt_status() -> tuple[str, str]:
 
 def _nvml(facts: HostFacts) -> None:
     try:
-        from serving.monitor.memory import gpu_compute_capability, gpu_device_count
+        from serving.monitor.memory import gpu_compute_capability, gpu_device_count  # noqa: PLC0415 - detection must not fail on a host that breaks it
 
         count = gpu_device_count()
         facts.nvml_gpus = -1 if count is None else count
@@ -163,22 +164,21 @@ def _software(facts: HostFacts) -> None:
     facts.grpcio = _version("grpcio") or ""
     facts.protobuf = _version("protobuf") or ""
     try:
-        from packager.model_config import SCHEMA_SOURCE
+        from packager.model_config import SCHEMA_SOURCE  # noqa: PLC0415 - detection must not fail on a host that breaks it
 
         facts.config_schema = SCHEMA_SOURCE
     except Exception as exc:  # noqa: BLE001 - the reason is the output
         facts.config_schema = f"unavailable: {_first_line(exc)}"
-    from mme.fsutil import gzip_backend
 
     facts.gzip = gzip_backend()
     try:
-        from serving.triton.local import check_libpython
+        from serving.triton.local import check_libpython  # noqa: PLC0415 - detection must not fail on a host that breaks it
 
         check_libpython()
     except Exception as exc:  # noqa: BLE001 - the reason is the output
         facts.libpython = _first_line(exc)
     try:
-        from serving.triton.netns import namespace_support
+        from serving.triton.netns import namespace_support  # noqa: PLC0415 - detection must not fail on a host that breaks it
 
         facts.network_namespace = namespace_support().problem or ""
     except Exception as exc:  # noqa: BLE001 - the reason is the output
@@ -206,7 +206,7 @@ def detect() -> HostFacts:
         facts.tensorrt_reason = f"could not check TensorRT: {exc}"
     facts.onnxruntime_cuda = _onnxruntime_cuda()
     try:
-        from serving.triton.docker import docker_engine_problem
+        from serving.triton.docker import docker_engine_problem  # noqa: PLC0415 - detection must not fail on a host that breaks it
 
         facts.docker = docker_engine_problem(timeout_s=10.0) or "ok"
     except Exception as exc:  # noqa: BLE001 - the reason is the output

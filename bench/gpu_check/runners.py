@@ -17,6 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from mme.stats import percentile
+from packager.formats.tensorrt_plan import PlanExecution
+from packager.manifest import Manifest
+
 RunOnce = Callable[[int], Any]  # runs one inference at the given batch size
 TOKEN_ID_RANGE = (1000, 2000)  # ordinary word pieces in every BERT-family vocabulary (30,522+ entries)
 
@@ -41,8 +45,6 @@ class BatchLatency:
 
 def manifest_inputs(directory: Path) -> ModelInputs:
     """Input names, shapes and dtypes from an artifact's manifest."""
-    from packager.manifest import Manifest
-
     manifest = Manifest.load(directory)
     axes = manifest.details.axes_max
     names, shapes, dtypes = [], [], []
@@ -61,8 +63,6 @@ def _unnamed_axis(name: str) -> int:
 
 def model_file(directory: Path, file_name: str) -> Path:
     """``file_name`` in version 1 of an artifact's Triton model directory."""
-    from packager.manifest import Manifest
-
     return directory / Manifest.load(directory).model / "1" / file_name
 
 
@@ -110,8 +110,6 @@ def latency(run_once: RunOnce, batches: list[int], warmup: int, iters: int,
             device: str = "cuda") -> dict[str, BatchLatency]:
     """Per batch size (as a string, the report's key): percentiles of ``iters`` timed runs,
     after ``warmup`` untimed ones (see :data:`TIMING`)."""
-    from mme.stats import percentile
-
     def ms(samples: list[float], q: float) -> float:
         value = percentile(samples, q)
         return round(value, 3) if value is not None else 0.0
@@ -178,8 +176,6 @@ def tensorrt_runner(plan: Path, inputs: ModelInputs) -> RunOnce:
     """Runs a TensorRT plan on CUDA through the packager's :class:`PlanExecution` (the runner
     validation uses; it enqueues on the current stream), with input and output buffers made
     once per batch size."""
-    from packager.formats.tensorrt_plan import PlanExecution
-
     execution = PlanExecution(plan.read_bytes())
     buffers: dict[int, dict[str, Any]] = {}
 

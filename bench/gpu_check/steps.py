@@ -36,10 +36,37 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
+import numpy as np
 
 from bench.gpu_check import EXIT_FAILED, EXIT_NO_GPU, EXIT_PARTIAL
-from bench.gpu_check.report import STEP_MARKS, GpuCheckReport, Step
+from bench.gpu_check.budget import Run
+from bench.gpu_check.copies import deep_copy, fill_copies, meter_for
+from bench.gpu_check.detect import detect, preflight_lines
+from bench.gpu_check.report import GpuCheckReport, Step, markdown, write_facts, write_report
+from bench.gpu_check.runners import (
+    TIMING,
+    empty_cache,
+    latency,
+    manifest_inputs,
+    model_file,
+    model_inputs,
+    synchronize,
+    tensorrt_runner,
+    torchscript_runner,
+)
+from bench.gpu_check.triton import gpu_python_model, triton_serves_a_gpu_copy
+from mme.argtypes import byte_size
+from mme.errors import UsageError
+from mme.fsutil import ensure_writable_dir
+from mme.instances import gpu_memory, load_instances
+from mme.process import child_env
+from packager.formats.torchscript import fp32_math, fp32_settings
+from packager.manifest import Manifest
+from packager.model import triton_model_name
+from sizing.capacity import measure_capacity
+from sizing.capacity_report import write_capacity_report
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -67,53 +94,9 @@ class GpuCheckOptions:
     load_timeout_s: float = 120.0  # any model load into Triton
 
 
-class Run:
-    """Steps in order, each timed and held to what is left of the budget; ``after_step`` is
-    called after every one (the report is rewritten there)."""
-
-    def __init__(self, budget_s: float, after_step: Callable[[], None] = lambda: None) -> None:
-        self.started = time.monotonic()
-        self.budget_s = budget_s
-        self.steps: list[Step] = []
-        self.after_step = after_step
-
-    def left(self) -> float:
-        return self.budget_s - (time.monotonic() - self.started)
-
-    def step(self, name: str, needs_s: float, body: Callable[[Step], None], skip: str = "",
-             not_measured: str = "") -> Step:
-        """``skip``: not run, and not needed here (the dry run's GPU-only steps);
-        ``not_measured``: not run, and its figure is missing from this run."""
-        step = Step(name)
-        self.steps.append(step)
-        if skip or not_measured:
-            step.status, step.note = ("skipped", skip) if skip else ("not measured", not_measured)
-        elif self.left() < needs_s:
-            step.status = "not measured"
-            step.note = f"not started: {self.left():.0f} s of the budget left, it needs about {needs_s:.0f} s"
-        else:
-            print(f"==> {name}", flush=True)
-            start = time.monotonic()
-            try:
-                body(step)
-                step.status = "ran"
-            except Exception as exc:  # noqa: BLE001 - the check records the failure and goes on
-                step.status = "failed"
-                step.note = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
-            step.seconds = round(time.monotonic() - start, 1)
-        if step.status in ("failed", "not measured") and not step.headline:
-            step.headline = f"{name.split('. ', 1)[-1]}: {step.status.upper()} ({step.note})"
-        print(f"    {STEP_MARKS[step.status]} {name}{': ' + step.note if step.note else ''}", flush=True)
-        self.after_step()
-        return step
-
-
-def package(model: str, formats: str, out: Path, max_batch: int, extra: tuple[str, ...] = (),
+def package_in_child(model: str, formats: str, out: Path, max_batch: int, extra: tuple[str, ...] = (),
             timeout_s: float = 300.0) -> Path:
     """``mme package`` in a child process (no CUDA in this one), stopped after ``timeout_s``."""
-    from mme.process import child_env
-    from packager.model import triton_model_name
-
     argv = [sys.executable, "-m", "mme", "-q", "package", model, "--no-pretrained", "--formats", formats,
             "--out", str(out), "--max-batch-size", str(max_batch), *extra]
     print("    $ " + " ".join(shlex.quote(a) for a in argv[1:]), flush=True)
@@ -131,10 +114,6 @@ def package(model: str, formats: str, out: Path, max_batch: int, extra: tuple[st
 def resolve_limit(spec: str, device_total: int) -> tuple[int, str]:
     """(bytes, what they are) of ``--limit``: an instance type's usable GPU memory
     (mme/instances.toml), ``device`` (the whole GPU or host the check runs on), or a size."""
-    from mme.argtypes import byte_size
-    from mme.errors import UsageError
-    from mme.instances import gpu_memory, load_instances
-
     if spec == "device":
         return device_total, f"the whole device ({device_total // MIB} MiB)"
     rows = load_instances()
@@ -173,20 +152,15 @@ class GpuCheck:
         return min(self.options.child_timeout_s, max(self.run.left(), 30.0))
 
     def _limit(self) -> tuple[int, str]:
-        from bench.gpu_check.copies import meter_for
-
         return resolve_limit(self.options.limit, meter_for(self.options.device, lambda: [os.getpid()]).total())
 
     def torchscript_package(self, step: Step) -> None:
         o = self.options
         started = time.monotonic()
-        self.torchscript_dir = package(o.model, "torchscript", self.work, self.max_batch, timeout_s=self._child_timeout())
+        self.torchscript_dir = package_in_child(o.model, "torchscript", self.work, self.max_batch, timeout_s=self._child_timeout())
         step.figures.update({"artifact": f"{o.model}/torchscript", "seconds": round(time.monotonic() - started, 1)})
 
     def triton(self, step: Step) -> None:
-        from bench.gpu_check.triton import gpu_python_model, triton_serves_a_gpu_copy
-        from sizing.capacity import measure_capacity, write_report
-
         o = self.options
         directory = self._artifact()
         artifact = gpu_python_model(directory, self.work, o.device)
@@ -198,7 +172,7 @@ class GpuCheck:
         report = measure_capacity(artifact, threshold=o.threshold, limit_bytes=limit, probe_copies=3, verify=True,
                                   max_copies=o.triton_max_copies, server_kind="local", instances={},
                                   memory="gpu" if o.device == "cuda" else "host", load_timeout_s=o.load_timeout_s)
-        path = write_report(report, o.out)
+        path = write_capacity_report(report, o.out)
         first = report.first_copy_bytes
         step.figures.update({
             "counted": report.memory_kind, "limit_mib": round(report.limit_bytes / MIB), "limit_source": limit_source,
@@ -218,9 +192,6 @@ class GpuCheck:
                          "context of its own: no figure for libtorch or TensorRT copies")
 
     def torchscript_latency(self, step: Step) -> None:
-        from bench.gpu_check.runners import TIMING, latency, manifest_inputs, model_file, torchscript_runner
-        from packager.formats.torchscript import fp32_math, fp32_settings
-
         o = self.options
         directory = self._artifact()
         _module, run_once = torchscript_runner(model_file(directory, "model.pt"), manifest_inputs(directory), o.device)
@@ -238,9 +209,6 @@ class GpuCheck:
 
     def copies(self, step: Step) -> None:
         import torch
-
-        from bench.gpu_check.copies import deep_copy, fill_copies, meter_for
-        from bench.gpu_check.runners import empty_cache, manifest_inputs, model_file, model_inputs, synchronize
 
         o = self.options
         directory = self._artifact()
@@ -268,12 +236,9 @@ class GpuCheck:
                          f"then {result.per_copy_mib:,.1f} MiB each ({result.counted.split(':')[0]})")
 
     def tensorrt(self, step: Step) -> None:
-        from bench.gpu_check.runners import TIMING, latency, manifest_inputs, model_file, tensorrt_runner
-        from packager.manifest import Manifest
-
         o = self.options
         inputs = manifest_inputs(self._artifact())
-        directory = package(o.model, "tensorrt", self.work, self.max_batch, ("--precision", o.precision),
+        directory = package_in_child(o.model, "tensorrt", self.work, self.max_batch, ("--precision", o.precision),
                             timeout_s=self._child_timeout())
         details = Manifest.load(directory).details
         step.figures.update({"precision": o.precision, "engine_precision": details.engine_precision,
@@ -286,14 +251,10 @@ class GpuCheck:
                          f"{step.figures['latency_ms'][first]['p50_ms']} ms (engine: {details.engine_precision})")
 
     def encoder(self, step: Step) -> None:
-        import numpy as np
         import torch
 
-        from bench.gpu_check.runners import TIMING, latency, manifest_inputs, model_file, model_inputs, torchscript_runner
-        from packager.formats.torchscript import fp32_math
-
         o = self.options
-        directory = package(o.encoder, "torchscript", self.work, self.max_batch, ("--seq-len", str(o.seq_len)),
+        directory = package_in_child(o.encoder, "torchscript", self.work, self.max_batch, ("--seq-len", str(o.seq_len)),
                             timeout_s=self._child_timeout())
         inputs = manifest_inputs(directory)
         path = model_file(directory, "model.pt")
@@ -321,10 +282,6 @@ class GpuCheck:
 def run_checks(options: GpuCheckOptions) -> int:
     """Preflight, then the steps; facts.json, gpu_check.json and gpu_check.md (and ``mme
     capacity``'s report) in ``options.out``, the report rewritten after every step; the exit code."""
-    from bench.gpu_check.detect import detect, preflight_lines
-    from bench.gpu_check.report import markdown, write_facts, write_report
-    from mme.fsutil import ensure_writable_dir
-
     out = ensure_writable_dir(options.out)
     facts = detect()
     preflight = preflight_lines(facts)

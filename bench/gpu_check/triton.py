@@ -12,8 +12,19 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+import numpy as np
+
+from mme.fsutil import deterministic_tar_gz
+from packager.layout import file_entries
+from packager.manifest import Manifest
+from packager.manifest_records import Validation
+from packager.triton_config import read_config, write_config
+from serving.models.store import LocalDirSource
+from serving.stack import build_stack
+from serving.triton.netns import namespace_support
 
 PYTHON_MODEL = Path(__file__).with_name("torchscript_cuda_model.py")
 
@@ -27,13 +38,6 @@ class OneCopy:
 
 def gpu_python_model(torchscript: Path, out: Path, device: str = "cuda") -> Path:
     """The python-backend artifact (model directory, tarball, manifest) under ``out``."""
-    from dataclasses import replace
-
-    from mme.fsutil import deterministic_tar_gz
-    from packager.layout import file_entries
-    from packager.manifest import Manifest
-    from packager.manifest_records import Validation
-    from packager.triton_config import read_config, write_config
 
     manifest = Manifest.load(torchscript)
     name = manifest.model
@@ -72,21 +76,15 @@ def kserve_json(name: str, array) -> bytes:
                                    "data": array.ravel().tolist()}]}).encode()
 
 
-LOAD_TIMEOUT_S = 120.0  # one python-backend copy: a stub process importing torch, the model on the GPU
+COPY_LOAD_TIMEOUT_S = 120.0  # one python-backend copy: a stub process importing torch, the model on the GPU
 
 
-def triton_serves_a_gpu_copy(artifact: Path, torchscript: Path, *, load_timeout_s: float = LOAD_TIMEOUT_S) -> OneCopy:
+def triton_serves_a_gpu_copy(artifact: Path, torchscript: Path, *, load_timeout_s: float = COPY_LOAD_TIMEOUT_S) -> OneCopy:
     """One copy loaded into the wheel's Triton the way the local MME loads it (on the device
     the artifact's ``device`` parameter names), invoked, and compared with PyTorch on the CPU
     (fp32 on both sides). The reference runs on the CPU so that this process holds no CUDA
     context while Triton's copies are counted."""
-    import numpy as np
     import torch
-
-    from packager.manifest import Manifest
-    from serving.models.store import LocalDirSource
-    from serving.stack import build_stack
-    from serving.triton.netns import namespace_support
 
     manifest = Manifest.load(artifact)
     # Isolated where this host allows network namespaces; a lent GPU machine that does not

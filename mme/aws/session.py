@@ -17,6 +17,7 @@ from typing import Any
 from mme.aws.errors import AwsError, CredentialsError, S3Error
 
 RETRIES = {"mode": "standard", "max_attempts": 5}
+TAGS = ({"Key": "created-by", "Value": "mme-toolkit"},)  # on every resource the cloud steps create
 BUCKET_NAME = re.compile(r"\A[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]\Z")  # S3's rule: 3-63 lowercase letters, digits, '.', '-'
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+
 from mme.errors import UsageError
 from packager.formats.base import ExportContext, ExportedModel, ExportOptions, ModelFormat
 from packager.formats.cpu_local import CpuLocalFormat
@@ -31,7 +33,6 @@ def parse_formats(text: str) -> tuple[str, ...]:
         raise UsageError(f"--formats is empty; choose from {', '.join(FORMATS)} (or 'all')")
     for name in names:
         if name not in FORMATS:
-            import difflib
 
             close = difflib.get_close_matches(name.lower().replace("_", "-"), FORMATS, n=1, cutoff=0.6)
             hint = f"did you mean {close[0]!r}? " if close else ""

@@ -4,7 +4,9 @@ on its name), and the context an export runs in."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -170,8 +172,6 @@ def positional_names(specs: tuple[TensorSpec, ...], prefix: str) -> tuple[Tensor
 
 
 def package_version(name: str) -> str | None:
-    from importlib import metadata
-
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
@@ -181,8 +181,6 @@ def package_version(name: str) -> str | None:
 def exception_summary(exc: BaseException) -> str:
     """One line for an exporter's exception; torch.onnx wraps the real cause in a long
     report whose 'Exception summary' names it."""
-    import re
-
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
     found = re.search(r"<class '([\w.]+)'>: (.+)", text)
     if found:

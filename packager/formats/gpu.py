@@ -143,8 +143,12 @@ def check_precision(precision: str) -> None:
 
 # -- TensorRT -----------------------------------------------------------------------------
 
-def tensorrt_major(trt: Any) -> int:
-    return int(str(trt.__version__).split(".")[0])
+def tensorrt_major(version: str | None) -> int | None:
+    """The major version of a TensorRT version string ("10.13.3.9" -> 10); None if it has none."""
+    try:
+        return int(str(version).split(".")[0])
+    except ValueError:
+        return None
 
 
 def fp16_needs_fp16_graph(trt: Any) -> bool:

@@ -15,8 +15,19 @@ from typing import Any, Sequence
 
 from mme.errors import ExportError
 from mme.progress import library_output_captured
-from packager.formats.base import (CPU, CUDA, DeviceRunner, ExportContext, ExportedModel, ExportOptions, ModelFormat,
-                                   Runner, exception_summary, package_version, validation_device)
+from packager.formats.base import (
+    CPU,
+    CUDA,
+    DeviceRunner,
+    ExportContext,
+    ExportedModel,
+    ExportOptions,
+    ModelFormat,
+    Runner,
+    exception_summary,
+    package_version,
+    validation_device,
+)
 
 MIN_OPSET = 17
 CUDA_PROVIDER = "CUDAExecutionProvider"

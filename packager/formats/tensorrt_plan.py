@@ -26,11 +26,14 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
-from mme.errors import ExportError
-from mme.versions import Release
+import numpy as np
+
+from mme.errors import ExportError, GpuRequiredError
+from mme.versions import Release, same_tensorrt
 from packager.formats.base import ExportContext, ExportedModel, Runner, package_version
 from packager.formats.gpu import (
     GpuFormat,
@@ -47,7 +50,6 @@ from packager.formats.onnx_format import exported_onnx
 def fp16_onnx(src: Path, dest: Path) -> Path:
     """The ONNX graph with FP16 weights and arithmetic, FP32 inputs and outputs (what
     TensorRT 11 builds an FP16 engine from)."""
-    import warnings
 
     import onnx
     from onnxconverter_common import float16
@@ -199,7 +201,6 @@ class PlanExecution:
 
     def outputs_for(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """Set the input shapes from ``inputs`` and allocate the outputs (the engine's dtypes) on the GPU."""
-        import numpy as np
         import torch
 
         for name, tensor in inputs.items():
@@ -250,7 +251,6 @@ class TensorRTPlanFormat(GpuFormat):
         })
 
     def runner(self, exported: ExportedModel, ctx: ExportContext) -> Runner:
-        import numpy as np
         import torch
 
         execution = PlanExecution(exported.files[self.model_file].read_bytes())
@@ -271,9 +271,6 @@ class TensorRTPlanFormat(GpuFormat):
 def check_release_tensorrt(release: Release) -> None:
     """Refuse before any work when the installed TensorRT is not the release's: the plan
     would never load in that release's Triton."""
-    from mme.errors import GpuRequiredError
-    from mme.versions import same_tensorrt
-
     installed = installed_tensorrt()
     if installed and release.tensorrt and not same_tensorrt(installed, release.tensorrt):
         raise GpuRequiredError(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from mme.errors import ExportError, GpuRequiredError
-from mme.versions import Release
+from mme.versions import Release, installed_stack, stack_mismatches
 from packager.formats.base import ExportContext, ExportedModel, Runner, package_version
 from packager.formats.gpu import (
     GpuFormat,
@@ -47,8 +47,6 @@ def engine_abi() -> str | None:
 def check_release_stack(release) -> None:
     """Refuse before any work when this environment's torch / Torch-TensorRT / TensorRT are
     not the release's: the module would not load in that release's Triton."""
-    from mme.versions import installed_stack, stack_mismatches
-
     problems = stack_mismatches(release, installed_stack())
     if problems:
         raise GpuRequiredError(

@@ -15,8 +15,18 @@ from typing import Any, Iterator
 
 from mme.errors import ExportError, ValidationError
 from mme.progress import library_output_captured
-from packager.formats.base import (CPU, CUDA, DeviceRunner, ExportContext, ExportedModel, ModelFormat, Runner,
-                                   exception_summary, package_version, validation_device)
+from packager.formats.base import (
+    CPU,
+    CUDA,
+    DeviceRunner,
+    ExportContext,
+    ExportedModel,
+    ModelFormat,
+    Runner,
+    exception_summary,
+    package_version,
+    validation_device,
+)
 
 
 def traced_module(ctx: ExportContext):

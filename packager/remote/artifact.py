@@ -15,11 +15,15 @@ from typing import TYPE_CHECKING, Any, Mapping
 from mme import __version__
 from mme.fsutil import staged_directory
 from mme.versions import release as triton_release
+from packager import layout
+from packager.formats.base import ExportedModel
 from packager.formats.gpu import HARDWARE_COMPATIBLE
 from packager.manifest import Manifest
 from packager.manifest_records import BuildDetails, TritonSettings, TritonTarget, Validation
+from packager.model_config import mc  # enum values only; text I/O is triton_config's
 from packager.remote.job import PLAN_FILE, JobOutput
 from packager.remote.plan import CompilePlan, OnnxArtifact
+from packager.triton_config import read_config
 
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig
@@ -36,8 +40,6 @@ def tensorrt_config(onnx_config: "ModelConfig", max_batch: int, io_dtypes: Mappi
     """The ONNX artifact's config as a TensorRT plan's: platform tensorrt_plan, no backend or
     ONNX parameters, the plan's max batch size, the I/O dtypes the engine really has (when the
     job recorded them), GPU instances."""
-    from packager.model_config import mc  # enum values only; text I/O is triton_config's
-
     config = mc.ModelConfig()
     config.CopyFrom(onnx_config)
     config.ClearField("backend")
@@ -78,10 +80,6 @@ def build_details(plan: CompilePlan, artifact: OnnxArtifact, output: JobOutput) 
 
 def write_tensorrt_artifact(plan: CompilePlan, artifact: OnnxArtifact, output: JobOutput, job: Mapping[str, Any]) -> Path:
     """``plan.out_dir``, laid out as 'mme package' lays out an artifact and swapped in atomically."""
-    from packager import layout
-    from packager.formats.base import ExportedModel
-    from packager.triton_config import read_config
-
     onnx_manifest = artifact.manifest
     name = artifact.model
     config = tensorrt_config(read_config(artifact.config), plan.max_batch_size, output.info.io_dtypes)

@@ -29,8 +29,8 @@ from mme.fsutil import write_json_atomic
 from mme.progress import Reporter
 from packager.catalogue_run import package_catalogue
 from packager.catalogue_summary import SUMMARY_NAME
+from packager.remote.catalogue_plan import JOB_INFO
 
-JOB_INFO = "job_info.json"
 MAX_REASON = 1000  # SageMaker keeps 1,024 characters of FailureReason
 
 

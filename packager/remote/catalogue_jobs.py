@@ -25,18 +25,28 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from mme import __version__
 from mme.archive import ArtifactError, ExtractLimits, safe_extract
 from mme.aws.errors import AwsError, CompileFailed, Interrupted, WaitTimeout
-from mme.aws.session import S3Uri, aws_errors, error_code, error_message, explain, s3_fail
+from mme.aws.session import S3Uri, aws_errors, connect, error_code, error_message, explain, s3_fail
 from mme.aws.state import SCHEMA_VERSION, StateDir, now_iso
 from mme.fsutil import replace_directory
 from mme.progress import Reporter
-from packager.catalogue import Catalogue
-from packager.catalogue_run import LOGS_DIR, up_to_date
+from packager.catalogue import LOGS_DIR, Catalogue, up_to_date
 from packager.catalogue_summary import SUMMARY_NAME, EntryResult, format_rows
-from packager.remote.catalogue_entry import JOB_INFO
+from packager.manifest import is_artifact_directory
+from packager.model import triton_model_name
+from packager.pipeline import request_fingerprint
 from packager.remote.catalogue_plan import (
-    JOB_CONFIG, RETRYABLE, SHARD_FILE, JobsPlan, JobsRequest, ShardPlan, check_entries, plan_jobs,
+    JOB_CONFIG,
+    JOB_INFO,
+    RETRYABLE,
+    SHARD_FILE,
+    JobsPlan,
+    JobsRequest,
+    ShardPlan,
+    check_entries,
+    plan_jobs,
 )
 from packager.remote.job import find_job, put_bytes
 
@@ -73,14 +83,14 @@ class _JobsState:
 # --- one shard's job -----------------------------------------------------------------------
 
 
-def upload_inputs(s3: Any, shard: ShardPlan) -> None:
+def upload_shard_inputs(s3: Any, shard: ShardPlan) -> None:
     put_bytes(s3, shard.input_uri + SHARD_FILE, shard.catalogue_toml.encode())
     put_bytes(s3, shard.input_uri + JOB_CONFIG, (json.dumps(shard.job_config, indent=2) + "\n").encode())
 
 
 def _start(sm: Any, s3: Any, shard: ShardPlan, state: _JobsState, reporter: Reporter) -> bool:
     """Create the shard's job; False when the account's quota refuses it for now."""
-    upload_inputs(s3, shard)
+    upload_shard_inputs(s3, shard)
     state.set(shard, "requested")
     try:
         sm.create_training_job(**shard.create_training_job)
@@ -120,9 +130,6 @@ def _unpack(tarball: Path, into: Path, job_name: str, entries: int) -> None:
 def _install(extracted: Path, shard: ShardPlan, requests: dict[int, Any], results: dict[int, EntryResult],
              out: Path, reporter: Reporter) -> list[str]:
     """Swap each entry's artifacts into ``out``; the entries' results; the names left unpackaged."""
-    from packager.manifest import is_artifact_directory
-    from packager.model import triton_model_name
-
     try:
         summary = json.loads((extracted / f"{SUMMARY_NAME}.json").read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError):
@@ -160,8 +167,6 @@ def _install(extracted: Path, shard: ShardPlan, requests: dict[int, Any], result
 
 def _finish(s3: Any, job: dict, shard: ShardPlan, requests: dict[int, Any], results: dict[int, EntryResult],
             out: Path, state: _JobsState, reporter: Reporter) -> None:
-    from mme import __version__
-
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out, prefix=".mme-job-"))
     try:
@@ -274,8 +279,6 @@ def package_on_sagemaker(request: JobsRequest, catalogue: Catalogue, requests: S
                          s3: Any = None, region: str | None = None, **wait: Any) -> bool:
     """Plan the jobs of the entries not refused nor up to date, print the plan, run them (False
     for a dry run). ``sm``/``s3``/``region`` default to clients of the request's region."""
-    from packager.pipeline import request_fingerprint
-
     by_index = {r.entry.index: r for r in results}
     candidates = [r.entry for r in results if r.status != "failed"]
     refused = check_entries(candidates, [requests[e.index - 1] for e in candidates], request.image_uri,
@@ -285,7 +288,6 @@ def package_on_sagemaker(request: JobsRequest, catalogue: Catalogue, requests: S
         reporter.warn(f"{by_index[index].entry.name} (entry {index}): {reason}")
     entries = [e for e in candidates if e.index not in refused]
     if sm is None or s3 is None:
-        from mme.aws.session import connect
 
         aws = connect(request.region)
         region = aws.region

@@ -18,25 +18,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+import tomli_w
+
 from mme import __version__
 from mme.aws.images import check_image_uri
-from mme.aws.session import S3Uri, check_bucket, check_instance_type, check_role_arn, enum_values
+from mme.aws.session import TAGS, S3Uri, check_bucket, check_instance_type, check_role_arn, enum_values
 from mme.aws.state import StateDir
-from mme.errors import UsageError
+from mme.errors import MmeError, UsageError
+from mme.instances import instance_gpu
 from mme.progress import Reporter
 from mme.versions import release as triton_release
 from packager.catalogue import CatalogueEntry
+from packager.compat import check_release_on_gpu
+from packager.formats import FORMATS
+from packager.pipeline import check_package_request
 
 DEFAULT_STATE_DIR = Path(".mme/package-jobs")
 CHANNEL = "catalogue"
 CHANNEL_DIR = f"/opt/ml/input/data/{CHANNEL}"
 SHARD_FILE = "catalogue.toml"
 JOB_CONFIG = "job.json"
+JOB_INFO = "job_info.json"  # what the job wrote about itself (mme version, exit code, GPU), beside the artifacts
 MODEL_DIR = "/opt/ml/model"  # SageMaker uploads it as output/model.tar.gz
 FAILURE_FILE = "/opt/ml/output/failure"  # SageMaker reports it as FailureReason
 # The builder image's own entrypoint wrapper (CUDA forward compatibility), then the job's entry.
 ENTRYPOINT = ["/opt/nvidia/nvidia_entrypoint.sh", "python", "-m", "packager.remote.catalogue_entry"]
-TAGS = ({"Key": "created-by", "Value": "mme-toolkit"},)
 JOB_SCHEMA_VERSION = 1
 _RELEASE_TAG = re.compile(r":(\d{2}\.\d{2})(?:[-_.][A-Za-z0-9_.-]*)?$")
 
@@ -124,12 +130,6 @@ def image_release(image_uri: str) -> str | None:
 def check_entries(entries: Sequence[CatalogueEntry], requests: Sequence[Any], image_uri: str,
                   instance_type: str) -> dict[int, str]:
     """Why each entry cannot be packaged by a job (entry index -> reason); the others can."""
-    from mme.errors import MmeError
-    from packager.compat import check_release_on_gpu
-    from packager.formats import FORMATS
-    from packager.pipeline import check_request
-    from mme.instances import instance_gpu
-
     tagged = image_release(image_uri)
     gpu = instance_gpu(instance_type)
     refused: dict[int, str] = {}
@@ -138,7 +138,7 @@ def check_entries(entries: Sequence[CatalogueEntry], requests: Sequence[Any], im
             if request.model.weights_path is not None:
                 raise UsageError(f"weights_path = {str(request.model.weights_path)!r} is a path on this machine, which "
                                  "a SageMaker job cannot read; use hub weights there, or package this entry locally")
-            check_request(request, build_here=False)
+            check_package_request(request, build_here=False)
             rel = triton_release(request.triton_release)
             if tagged and tagged != rel.name:
                 raise UsageError(f"it targets Triton {rel.name} but --image-uri is the builder of {tagged}; push the "
@@ -167,8 +167,6 @@ def shard_base(entries: Sequence[CatalogueEntry], fingerprints: Sequence[str], i
 
 def shard_toml(entries: Sequence[CatalogueEntry]) -> str:
     """The shard as a catalogue of its own: each entry's merged options (no [defaults])."""
-    import tomli_w
-
     return tomli_w.dumps({"model": [{"name": e.name, **e.options} for e in entries]})
 
 

@@ -28,16 +28,11 @@ from mme.aws.s3 import TransferSettings
 from mme.aws.session import aws_errors, explain
 from mme.aws.state import SCHEMA_VERSION, StateDir, now_iso
 from mme.progress import Reporter
-from mme.versions import release as triton_release, same_tensorrt
+from mme.versions import release as triton_release
+from mme.versions import same_tensorrt
 from packager.remote.artifact import write_tensorrt_artifact
-from packager.remote.job import (
-    download_job_output, find_job, upload_inputs,
-    wait_for_job,
-)
-from packager.remote.plan import (
-    CompilePlan, OnnxArtifact,
-)
-
+from packager.remote.job import download_job_output, find_job, upload_inputs, wait_for_job
+from packager.remote.plan import CompilePlan, OnnxArtifact
 
 
 def download_and_write(s3: Any, plan: CompilePlan, artifact: OnnxArtifact, job: dict, reporter: Reporter) -> Path:

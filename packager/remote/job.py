@@ -22,12 +22,13 @@ from mme.aws.session import S3Uri, aws_errors, explain, is_not_found, s3_fail
 from mme.fsutil import sha256_of
 from mme.polling import poll_until
 from mme.progress import Reporter
+from packager.formats.tensorrt_plan import fp16_onnx
 from packager.remote.plan import BUILD_CONFIG, ENTRY_SCRIPT, ONNX_FILE, CompilePlan, OnnxArtifact
 
 PLAN_FILE = "model.plan"
 INFO_FILE = "build_info.json"
 MAX_PLAN_BYTES = 32 << 30
-UNKNOWN = "unknown"
+NOT_REPORTED = "unknown"  # what the job's build_info.json did not say
 
 
 @dataclass(frozen=True)
@@ -35,17 +36,17 @@ class BuildInfo:
     """``build_info.json`` as the job's entry script writes it (``trt_build_entry.py``); what
     it leaves out reads "unknown"."""
 
-    tensorrt: str = UNKNOWN
-    gpu: str = UNKNOWN
-    compute_capability: str = UNKNOWN
-    builder: str = UNKNOWN
+    tensorrt: str = NOT_REPORTED
+    gpu: str = NOT_REPORTED
+    compute_capability: str = NOT_REPORTED
+    builder: str = NOT_REPORTED
     command: list[str] | None = None  # the trtexec command line (trtexec builds only)
     io_dtypes: Mapping[str, str] = field(default_factory=dict)  # tensor -> TensorRT dtype (python builds only)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "BuildInfo":
         def text(key: str) -> str:
-            return str(data.get(key) or UNKNOWN)
+            return str(data.get(key) or NOT_REPORTED)
 
         command = data.get("command")
         return cls(
@@ -81,7 +82,6 @@ def upload_inputs(s3: Any, plan: CompilePlan, artifact: OnnxArtifact, settings: 
     with tempfile.TemporaryDirectory(prefix=".mme-compile-") as tmp:
         onnx, sha = artifact.onnx, artifact.sha256
         if plan.fp16_graph:
-            from packager.formats.tensorrt_plan import fp16_onnx
 
             reporter.info(f"  converting {artifact.onnx} to an FP16 graph (TensorRT 11 builds FP16 from FP16 graphs)")
             onnx = fp16_onnx(artifact.onnx, Path(tmp) / ONNX_FILE)

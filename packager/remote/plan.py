@@ -23,16 +23,17 @@ from typing import Any
 
 from mme.aws.errors import AwsError
 from mme.aws.images import check_image_uri, triton_image_uri
-from mme.aws.session import S3Uri, check_bucket, check_instance_type, check_role_arn, enum_values
+from mme.aws.session import TAGS, S3Uri, check_bucket, check_instance_type, check_role_arn, enum_values
 from mme.aws.state import DEFAULT_COMPILE_DIR, StateDir
 from mme.fsutil import sha256_of
 from mme.hosts import check_training_host, training_warning
-from mme.progress import Reporter
-from mme.versions import release as triton_release, require_sagemaker_image
-from packager.compat import check_release_on_gpu
-from packager.formats.gpu import PRECISIONS
-from packager.manifest import Manifest
 from mme.instances import instance_gpu
+from mme.progress import Reporter
+from mme.versions import release as triton_release
+from mme.versions import require_sagemaker_image
+from packager.compat import check_release_on_gpu
+from packager.formats.gpu import PRECISIONS, opt_batch, tensorrt_major
+from packager.manifest import Manifest
 
 ENTRY_SCRIPT = Path(__file__).with_name("trt_build_entry.py")
 # NVIDIA's entrypoint wrapper in NGC images (and so in SageMaker's Triton images, built FROM
@@ -40,7 +41,6 @@ ENTRY_SCRIPT = Path(__file__).with_name("trt_build_entry.py")
 # /opt/nvidia/entrypoint.d/* (CUDA compatibility set-up) and then execs its arguments.
 NVIDIA_ENTRYPOINT = "/opt/nvidia/nvidia_entrypoint.sh"
 CODE_DIR = "/opt/ml/input/data/code"
-TAGS = ({"Key": "created-by", "Value": "mme-toolkit"},)
 ONNX_FILE = "model.onnx"
 BUILD_CONFIG = "build_config.json"
 
@@ -103,11 +103,9 @@ def load_onnx_artifact(directory: Path) -> OnnxArtifact:
     return OnnxArtifact(directory, manifest, onnx, config, sha256_of(onnx))
 
 
-def profile_shapes(manifest: Manifest, max_batch: int) -> dict[str, dict[str, list[int]]]:
+def manifest_profile_shapes(manifest: Manifest, max_batch: int) -> dict[str, dict[str, list[int]]]:
     """min/opt/max shape per input: batch 1..max (opt: ``opt_batch``), dynamic axes 1..their
     max (opt at the max), as ``packager.formats.gpu.profile_shapes`` builds them locally."""
-    from packager.formats.gpu import opt_batch
-
     axes_max = manifest.details.axes_max
     shapes: dict[str, dict[str, list[int]]] = {"min": {}, "opt": {}, "max": {}}
     for tensor in manifest.inputs:
@@ -138,13 +136,6 @@ def job_base_name(model: str, instance_type: str, sha256: str, precision: str) -
     short = instance_type.removeprefix("ml.").replace(".", "-")
     base = re.sub(r"[^A-Za-z0-9]+", "-", f"mme-trt-{model}")[:30].strip("-")
     return f"{base}-{short}-{precision}-{sha256[:8]}"[:58].strip("-")
-
-
-def tensorrt_major(version: str | None) -> int | None:
-    try:
-        return int(str(version).split(".")[0])
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True)
@@ -208,7 +199,7 @@ def _job_request(name: str, request: CompileRequest, image: str, input_uri: str,
     }
 
 
-def check_request(request: CompileRequest) -> None:
+def check_compile_request(request: CompileRequest) -> None:
     check_instance_type(request.instance_type, "TrainingInstanceType", "--instance-type", "training jobs (where the plan is built)")
     check_role_arn(request.role_arn)
     if request.image_uri:
@@ -259,7 +250,7 @@ def plan_compile(request: CompileRequest, region: str, s3: Any, store: StateDir,
         "hardware_compatible": request.hardware_compatible,
         "workspace_mib": request.workspace_mib,
         "max_batch_size": max_batch,
-        "shapes": profile_shapes(manifest, max_batch),
+        "shapes": manifest_profile_shapes(manifest, max_batch),
         "allow_pip": True,
     }
     return CompilePlan(

@@ -13,8 +13,11 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from mme.errors import WeightsUnavailableError
+import numpy as np
+
+from mme.errors import UsageError, WeightsUnavailableError
 from mme.progress import Reporter
+from packager.formats.base import package_version
 from packager.model import LoadedModel, ModelRequest
 from packager.spec import IOSpec, TensorSpec
 from packager.weights import load_with_weights
@@ -60,8 +63,6 @@ ALIASES = {
 
 def versions() -> dict[str, str]:
     """The library this family loads models with, as the manifest records it."""
-    from packager.formats.base import package_version
-
     return {"transformers": package_version("transformers") or "unknown"}
 
 
@@ -170,7 +171,6 @@ def load(request: ModelRequest, reporter: Reporter) -> LoadedModel:
         max_positions -= 2  # RoBERTa positions start after the padding index
     seq_len = request.seq_len or min(DEFAULT_SEQ_LEN, max_positions)
     if seq_len > max_positions:
-        from mme.errors import UsageError
 
         raise UsageError(f"--seq-len {seq_len} exceeds {name}'s {max_positions} positions; use --seq-len {max_positions} or less")
     module, with_pooler = _Encoder.wrap(model)
@@ -191,8 +191,6 @@ def load(request: ModelRequest, reporter: Reporter) -> LoadedModel:
     vocab = int(config.vocab_size)
 
     def make_inputs(batch: int, axes: Mapping[str, int], seed: int) -> dict[str, np.ndarray]:
-        import numpy as np
-
         length = axes["sequence"]
         if tokenizer is not None:
             texts = [SAMPLE_TEXT + " " + "More text to fill the sequence. " * i for i in range(batch)]

@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+import numpy as np
+
 from mme.progress import Reporter
+from packager.formats.base import package_version
 from packager.model import LoadedModel, ModelRequest
 from packager.spec import IOSpec, TensorSpec
 from packager.weights import load_with_weights
@@ -20,8 +23,6 @@ FEATURED = ("resnet50", "convnext_base", "vit_large_patch16_224")
 
 def versions() -> dict[str, str]:
     """The library this family loads models with, as the manifest records it."""
-    from packager.formats.base import package_version
-
     return {"timm": package_version("timm") or "unknown"}
 
 
@@ -80,8 +81,6 @@ def load(request: ModelRequest, reporter: Reporter) -> LoadedModel:
     )
 
     def make_inputs(batch: int, axes: Mapping[str, int], seed: int) -> dict[str, np.ndarray]:
-        import numpy as np
-
         rng = np.random.default_rng(seed)
         # Normalised images are roughly standard normal per channel.
         return {"pixel_values": rng.standard_normal((batch, channels, height, width), dtype=np.float32)}

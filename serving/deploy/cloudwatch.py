@@ -18,9 +18,9 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
-from mme.fsutil import write_bytes_atomic, write_json_atomic
 from mme.aws.errors import AwsError
 from mme.aws.session import aws_errors, explain
+from mme.fsutil import write_bytes_atomic, write_json_atomic
 
 SAGEMAKER_NS = "AWS/SageMaker"
 INSTANCE_NS = "/aws/sagemaker/Endpoints"

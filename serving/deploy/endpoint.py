@@ -21,15 +21,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from mme.polling import poll_until
-from mme.progress import Reporter
-from mme.versions import release as triton_release, require_sagemaker_image
 from mme.aws.errors import DeployError, EndpointFailed, Interrupted, S3Error, WaitTimeout
 from mme.aws.images import check_image_uri, triton_image_uri
-from mme.aws.session import (S3Uri, aws_errors, check_bucket, check_instance_type, check_role_arn, error_code,
-                             matches_shape, require_credentials, require_region, s3_fail)
-from mme.aws.state import (DEFAULT_DEPLOYMENTS_DIR, Deployment, DeploymentSpec, DeploymentStore, DeploymentTracker,
-                           Resource, now_iso)
+from mme.aws.session import (
+    TAGS,
+    S3Uri,
+    aws_errors,
+    check_bucket,
+    check_instance_type,
+    check_role_arn,
+    error_code,
+    matches_shape,
+    require_credentials,
+    require_region,
+    s3_fail,
+)
+from mme.aws.state import (
+    DEFAULT_DEPLOYMENTS_DIR,
+    Deployment,
+    DeploymentSpec,
+    DeploymentStore,
+    DeploymentTracker,
+    Resource,
+    now_iso,
+)
+from mme.polling import poll_until
+from mme.progress import Reporter
+from mme.versions import release as triton_release
+from mme.versions import require_sagemaker_image
 from packager.formats import format_of
 from serving.deploy.host_checks import check_ami_version, check_engine_for_endpoint, check_host_for_endpoint
 from serving.deploy.resources import CREATION_ORDER, ENDPOINT, SageMakerResource, create, describe
@@ -37,7 +56,6 @@ from serving.models.copies import is_copy
 from serving.triton.sagemaker_serve import DEFAULT_MODEL_ENV, MULTI, SINGLE
 
 VARIANT = "AllTraffic"
-TAGS = ({"Key": "created-by", "Value": "mme-toolkit"},)
 FAILED_STATES = ("Failed", "OutOfService", "UpdateRollbackFailed")
 NAME_MAX = 56  # + "-config" stays within SageMaker's 63 characters
 DEFAULT_MODEL_NAME_ENV = DEFAULT_MODEL_ENV  # what a real-time endpoint's Triton serves (serve's variable)
@@ -146,7 +164,7 @@ def parse_env(items: list[str] | tuple[str, ...]) -> tuple[tuple[str, str], ...]
     return tuple(pairs)
 
 
-def check_request(request: DeployRequest) -> None:
+def check_deploy_request(request: DeployRequest) -> None:
     if request.mode not in (MULTI, SINGLE):
         raise DeployError(f"--mode {request.mode!r} must be multi or single")
     check_instance_type(request.instance_type, "ProductionVariantInstanceType", "--instance-type", "endpoints")
@@ -193,7 +211,7 @@ def _object_metadata(s3: Any, uri: S3Uri, name: str) -> dict[str, str]:
 
 def plan_deploy(request: DeployRequest, session: Any, s3: Any, reporter: Reporter) -> DeployPlan:
     """Validate everything and build the three create requests; makes no SageMaker call."""
-    check_request(request)
+    check_deploy_request(request)
     region = require_region(session)
     require_credentials(session)
     uri, target = split_s3(request.s3, request.mode)

@@ -8,15 +8,15 @@ from __future__ import annotations
 from typing import Any
 
 from mme.aws.errors import DeployError
+from mme.aws.session import enum_values
 from mme.hosts import AMI_OPTION, FORWARD, HostVerdict, check_host, nvidia_amis, require_starts
 from mme.instances import instance_gpu
 from mme.progress import Reporter
+from packager.compat import EngineFacts, check_artifact, check_gpu
 
 
 def check_ami_version(name: str) -> str:
     """An InferenceAmiVersion botocore's SageMaker model knows (ProductionVariantInferenceAmiVersion)."""
-    from mme.aws.session import enum_values
-
     known = enum_values("ProductionVariantInferenceAmiVersion")
     if name not in known:
         raise DeployError(f"{AMI_OPTION} {name!r} is not a host image SageMaker knows; choose one of: {', '.join(known)}")
@@ -48,8 +48,6 @@ def check_engine_for_endpoint(metadata: dict[str, str], rel: Any, instance_type:
     """Refuse, before anything is created, what would fail to load on the endpoint: an engine
     for another TensorRT or Torch-TensorRT than the release's (unless the image is the user's
     own), or for another GPU than the instance's, or a release that does not run on that GPU."""
-    from packager.compat import EngineFacts, check_artifact, check_gpu
-
     facts = EngineFacts.from_s3_metadata(metadata)
     gpu = instance_gpu(instance_type)
     where = gpu.describe(instance_type)

@@ -17,17 +17,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from mme.aws.errors import AwsError, RandomWeightsRefused
+from mme.aws.s3 import MIB, SHA_KEY, TransferHooks, TransferSettings, copy_object, head, matches, upload_file, verify
+from mme.aws.session import S3Uri, aws_errors, check_bucket, s3_fail
 from mme.fsutil import sha256_of
 from mme.hosts import HostVerdict, check_host, require_starts
+from mme.instances import instance_gpu
 from mme.progress import Reporter
-from mme.versions import release as triton_release, require_sagemaker_image
-from mme.aws.errors import AwsError, RandomWeightsRefused
-from mme.aws.s3 import (
-    MIB, SHA_KEY, TransferHooks, TransferSettings, copy_object, head, matches, upload_file, verify,
-)
-from mme.aws.session import S3Uri, aws_errors, check_bucket, s3_fail
+from mme.versions import release as triton_release
+from mme.versions import require_sagemaker_image
+from packager.compat import EngineFacts, check_artifact, compat_warnings
 from packager.formats import format_of
+from packager.manifest import Manifest
 from serving.models.copies import copy_name, parse_copy_name
+
 
 @dataclass(frozen=True)
 class Artifact:
@@ -77,9 +80,6 @@ def load_artifact(directory: Path, allow_random_weights: bool = False, reporter:
                   instance_type: str | None = None, image_uri: str | None = None) -> Artifact:
     """Read the manifest, refuse random weights unless allowed, check the tarball is the packaged
     one, and that its engine (if any) loads in its release and on ``instance_type``'s GPU."""
-    from packager.compat import EngineFacts, check_artifact, compat_warnings
-    from packager.manifest import Manifest
-
     directory = Path(directory)
     if not directory.is_dir():
         raise AwsError(f"artifact directory {directory} does not exist; pass artifacts/<model>/<format> made by 'mme package'")
@@ -105,7 +105,6 @@ def load_artifact(directory: Path, allow_random_weights: bool = False, reporter:
     facts = EngineFacts.of(manifest)
     cc, where = None, "the target GPU"
     if instance_type:
-        from mme.instances import instance_gpu
 
         gpu = instance_gpu(instance_type)
         cc, where = gpu.compute_capability, gpu.describe(instance_type)

@@ -59,7 +59,6 @@ from serving.models.cache_entries import (
 from serving.models.extract import extract_model_tarball
 from serving.models.store import ArtifactChanged, ModelSource, ObjectInfo, StoreError, validate_target_name
 
-
 # Free space an extraction leaves on the cache's filesystem (logs, Triton's own files, other writers).
 FREE_SPACE_RESERVE_BYTES = 256 * 2**20
 _log = logging.getLogger(__name__)

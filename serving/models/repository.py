@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from mme.archive import ArtifactError
 from mme.errors import UsageError
+from serving.models.extract import extract_model_tarball
 from serving.triton.sagemaker_serve import DEFAULT_MODEL_ENV
 
 
@@ -49,9 +51,6 @@ def find_tarball(models: str) -> Path:
 def prepare_repository(models: str, into: Path, env: Mapping[str, str]) -> RealTimeModel:
     """Unpack the model as SageMaker does and choose its default model as serve does (``env``:
     the container's SAGEMAKER_TRITON_* settings), or raise UsageError with what serve says."""
-    from mme.archive import ArtifactError
-    from serving.models.extract import extract_model_tarball
-
     tarball = find_tarball(models)
     repository = into / "model"
     try:

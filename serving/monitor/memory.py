@@ -16,8 +16,8 @@ import contextlib
 import shutil
 import subprocess
 import time
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterable, TypeVar
 
 import psutil
@@ -179,6 +179,9 @@ def gpu_compute_capability(index: int = 0) -> str | None:
 
 # -- meters: what a local endpoint and `mme capacity` count -------------------------------------
 
+# The share of the memory limit copies may fill: the articles' 90%. The endpoint evicts above it, and
+# mme capacity counts the copies that fit under it.
+DEFAULT_MEMORY_THRESHOLD = 0.9
 MEMORY_KINDS = ("auto", "gpu", "host")
 
 

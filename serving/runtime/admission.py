@@ -32,8 +32,8 @@ import psutil
 
 from mme.progress import Reporter
 from serving.models.cache_entries import CachedModel
-from serving.triton.container import ContainerUnreachable
 from serving.runtime.metrics import EndpointMetrics
+from serving.triton.container import ContainerUnreachable
 from serving.triton.processes import alive
 
 EVICT_UNLOAD_TIMEOUT_S = 30.0  # an eviction's unload past this restarts the server (measured: 2 s each)

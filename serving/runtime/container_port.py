@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
-from serving.triton.container import ContainerControl
 from serving.runtime.forward import Forwarder, Reply
 from serving.triton.base import TritonServer
+from serving.triton.container import ContainerControl
 
 
 class Container(Protocol):

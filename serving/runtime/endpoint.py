@@ -43,11 +43,19 @@ from dataclasses import dataclass
 from typing import Callable
 
 from mme.progress import Reporter
+from serving.models.cache import ModelCache
+from serving.models.cache_entries import CachedModel, cache_key
+from serving.models.store import InvalidTargetName, validate_target_name
+from serving.monitor.instance_metrics import InstanceSampler
+from serving.monitor.memory import DEFAULT_MEMORY_THRESHOLD, process_tree_memory
 from serving.runtime import errors_sagemaker as sm
 from serving.runtime import outcomes as out
 from serving.runtime.admission import Admission, LoadedEntry
-from serving.models.cache import ModelCache
-from serving.models.cache_entries import CachedModel, cache_key
+from serving.runtime.container_port import Container, TritonContainer
+from serving.runtime.forward import InvocationTimedOut
+from serving.runtime.metrics import EndpointMetrics
+from serving.runtime.recovery import DEAD_UNLOAD_TIMEOUT_S, DEAD_WORKER_MARKERS, Recovery, dead_worker_reply  # noqa: F401
+from serving.triton.base import TritonServer
 from serving.triton.container import (
     LOAD_TIMEOUT_S,
     ContainerOutOfMemory,
@@ -56,14 +64,6 @@ from serving.triton.container import (
     ModelAlreadyLoaded,
     ModelLoadFailed,
 )
-from serving.runtime.container_port import Container, TritonContainer
-from serving.runtime.forward import InvocationTimedOut
-from serving.monitor.instance_metrics import InstanceSampler
-from serving.monitor.memory import process_tree_memory
-from serving.runtime.metrics import EndpointMetrics
-from serving.runtime.recovery import DEAD_UNLOAD_TIMEOUT_S, DEAD_WORKER_MARKERS, Recovery, dead_worker_reply  # noqa: F401
-from serving.models.store import InvalidTargetName, validate_target_name
-from serving.triton.base import TritonServer
 
 MAX_ATTEMPTS = 4  # loads (or a container restart) one request may wait for
 SAGEMAKER_TIMEOUT_S = 60.0  # both of SageMaker's 60-second rules
@@ -72,7 +72,7 @@ SAGEMAKER_TIMEOUT_S = 60.0  # both of SageMaker's 60-second rules
 @dataclass(frozen=True)
 class EndpointConfig:
     memory_limit_bytes: int
-    memory_threshold: float = 0.9
+    memory_threshold: float = DEFAULT_MEMORY_THRESHOLD
     max_payload_bytes: int = sm.MAX_PAYLOAD_BYTES
     region: str = "us-east-1"
     account: str = sm.DEFAULT_ACCOUNT

@@ -9,29 +9,18 @@ before it first loads. And the banner's lines: the targets served, a command tha
 
 from __future__ import annotations
 
-import ipaddress
+import shlex
 import threading
 from pathlib import Path
 from typing import Callable
 
+from packager.manifest import Manifest, is_artifact_directory
 from packager.triton_config import ModelConfigError, read_config
 from serving.models.extract import CONFIG_NAME
 from serving.runtime.sigv4_verify import ACCESS_KEY_ENV, SECRET_KEY_ENV
 from serving.triton.factory import SERVER_KINDS
 
 MAX_TARGETS_SHOWN = 6
-
-
-def is_loopback(host: str) -> bool:
-    """True for an address only this machine can reach: ``localhost``, 127.0.0.0/8, ::1.
-    Any other name or address (0.0.0.0, ::, a LAN address, a host name) is not."""
-    name = host.strip().strip("[]")
-    if name.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
 
 
 def open_front_warning(host: str, port: int | None) -> str:
@@ -91,9 +80,6 @@ def client_example(endpoint, options) -> str:
     """A command that invokes the endpoint (a LocalEndpoint or LocalFleet started with ``options``)
     as shown: boto3 with the region and keys it needs, the first target and, for an artifact
     directory, its sample request."""
-    import shlex
-
-    from packager.manifest import Manifest, is_artifact_directory
 
     body, content_type = "b'...your request body...'", "application/json"
     directory = Path(options.models.removeprefix("file://"))

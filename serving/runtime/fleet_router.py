@@ -30,8 +30,8 @@ from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 from mme.errors import UsageError
 from mme.progress import Reporter
 from serving.runtime import errors_sagemaker as sm
-from serving.triton.container import TARGET_HEADER
 from serving.runtime.local_endpoint import LocalEndpoint, LocalEndpointOptions, start_loop_thread, stop_loop_thread
+from serving.runtime.reply_headers import TARGET_HEADER
 
 MODELS_POLL_S = 0.25
 INSTANCE_HEADER = "X-Mme-Instance"  # ours: the index of the instance that answered

@@ -18,6 +18,7 @@ and the invocation metrics are counted here, by the status each client sees.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -29,8 +30,8 @@ from serving.runtime import outcomes as out
 from serving.runtime import sigv4_verify as sigv4
 from serving.runtime.endpoint import EndpointConfig, MultiModelEndpoint
 from serving.runtime.realtime import RealTimeEndpoint
-from serving.runtime.reply_headers import cold_headers
-from serving.triton.container import TARGET_HEADER
+from serving.runtime.reply_headers import TARGET_HEADER, cold_headers
+from serving.runtime.startup_checks import tarball_targets
 
 VARIANT_HEADER = "X-Amzn-SageMaker-Target-Variant"
 ENDPOINT_KEY: web.AppKey[MultiModelEndpoint | RealTimeEndpoint] = web.AppKey("endpoint")
@@ -170,9 +171,6 @@ async def models(request: web.Request) -> web.Response:
 async def targets(request: web.Request) -> web.Response:
     """Every TargetModel the endpoint answers for (its source's .tar.gz objects, copies included), so a
     client can check its names before it sends anything."""
-    import asyncio
-
-    from serving.runtime.startup_checks import tarball_targets
 
     endpoint = request.app[ENDPOINT_KEY]
     if isinstance(endpoint, RealTimeEndpoint):  # one model, named by no TargetModel

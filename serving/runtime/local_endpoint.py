@@ -6,31 +6,43 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Coroutine, Mapping
 
+import uvloop
 from aiohttp import web
 
 from mme.errors import UsageError
+from mme.network import is_loopback
 from mme.progress import Reporter
+from mme.versions import release
+from packager.compat import check_artifact
+from packager.manifest import Manifest, is_artifact_directory
 from serving.models.cache import ModelCache
 from serving.models.copies import CopiesSource
 from serving.models.repository import RealTimeModel
 from serving.models.store import source_from_uri
 from serving.monitor.instance_metrics import InstanceSampler
-from serving.monitor.memory import MemoryMeter, choose_meter
+from serving.monitor.memory import DEFAULT_MEMORY_THRESHOLD, MemoryMeter, choose_meter, gpu_compute_capability
 from serving.runtime import errors_sagemaker as sm
 from serving.runtime.endpoint import SAGEMAKER_TIMEOUT_S, EndpointConfig, MultiModelEndpoint
-from serving.runtime.exposure import PythonBackendWarner, is_loopback, open_front_warning
+from serving.runtime.exposure import PythonBackendWarner, open_front_warning
 from serving.runtime.front import build_app
 from serving.runtime.realtime import RealTimeEndpoint
 from serving.runtime.sigv4_verify import ACCESS_KEY_ENV, SECRET_KEY_ENV, Credentials
 from serving.runtime.startup_checks import check_server_runs, served_targets
-from serving.stack import (LocalStack, MultiModelStack, SingleModelStack, build_single_model_stack, build_stack,
-                           default_disk_limit)
+from serving.stack import (
+    LocalStack,
+    MultiModelStack,
+    SingleModelStack,
+    build_single_model_stack,
+    build_stack,
+    default_disk_limit,
+)
 from serving.triton.config import default_network
 from serving.triton.container import LOAD_TIMEOUT_S
 from serving.triton.factory import ServerKind, choose_kind
@@ -44,7 +56,7 @@ class LocalEndpointOptions:
     models: str  # directory or s3://bucket/prefix holding <name>.tar.gz objects
     host: str = "127.0.0.1"
     port: int = 8080  # 0: any free port
-    memory_threshold: float = 0.9
+    memory_threshold: float = DEFAULT_MEMORY_THRESHOLD
     memory_limit_bytes: int | None = None  # default: the GPU's memory, or this host's RAM
     copies: int = 0  # answer for <stem>-v1..vN.tar.gz from <stem>.tar.gz
     server_kind: str = "auto"
@@ -100,8 +112,6 @@ class LocalEndpointOptions:
 
 def _local_manifest(models: str):
     """The manifest of a local artifact directory, or None (S3 prefixes, plain tarball directories)."""
-    from packager.manifest import Manifest, is_artifact_directory
-
     if models.startswith("s3://") or not is_artifact_directory(Path(models)):
         return None
     return Manifest.load(Path(models))
@@ -111,11 +121,6 @@ def _check_engines(manifest) -> None:
     """Refuse, before anything starts, engines that cannot load here: built for another
     TensorRT or Torch-TensorRT than the serving release (``MME_TRITON_RELEASE``, else the
     default) runs, or for another GPU than this host's."""
-    import os
-
-    from mme.versions import release
-    from packager.compat import check_artifact
-    from serving.monitor.memory import gpu_compute_capability
 
     if manifest is not None:
         check_artifact(manifest, release(os.environ.get("MME_TRITON_RELEASE")),
@@ -124,8 +129,6 @@ def _check_engines(manifest) -> None:
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """uvloop's loop (libuv): the front's per-request cost is what the endpoint adds to latency."""
-    import uvloop
-
     return uvloop.new_event_loop()
 
 

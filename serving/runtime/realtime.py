@@ -22,15 +22,15 @@ import time
 from typing import Callable
 
 from mme.progress import Reporter
+from serving.models.repository import RealTimeModel
+from serving.monitor.instance_metrics import InstanceSampler
 from serving.runtime import outcomes as out
-from serving.triton.container import ContainerUnreachable
 from serving.runtime.container_port import TritonContainer
 from serving.runtime.endpoint import EndpointConfig
 from serving.runtime.forward import InvocationTimedOut
-from serving.monitor.instance_metrics import InstanceSampler
-from serving.models.repository import RealTimeModel
 from serving.runtime.metrics import EndpointMetrics
 from serving.triton.base import TritonServer
+from serving.triton.container import ContainerUnreachable
 from serving.triton.sagemaker_serve import SINGLE
 
 

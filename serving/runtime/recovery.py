@@ -19,11 +19,11 @@ from collections import OrderedDict
 import psutil
 
 from mme.progress import Reporter
-from serving.runtime.admission import Admission, LoadedEntry
 from serving.models.cache_entries import cache_key
-from serving.triton.container import ContainerUnreachable
+from serving.runtime.admission import Admission, LoadedEntry
 from serving.runtime.metrics import EndpointMetrics
 from serving.triton.base import TritonServer
+from serving.triton.container import ContainerUnreachable
 
 # Triton's python backend answers this for a model whose stub process died (OOM killer, crash).
 DEAD_WORKER_MARKERS = (b"Stub process", b"is not healthy")

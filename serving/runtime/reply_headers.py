@@ -4,6 +4,10 @@ be fetched and loaded (cold) from one served by a loaded model (warm), per reque
 guessing from latency. Written by serving/runtime/front.py, read by bench/client.py; no dependencies,
 so the bench image imports it without the serving stack."""
 
+# SageMaker's own request header naming the target model of a multi-model endpoint (botocore's
+# sagemaker-runtime TargetModel), which Triton's SageMaker mode also reads: here too, beside the
+# headers the bench reads, so that the load generator takes it without the serving stack.
+TARGET_HEADER = "X-Amzn-SageMaker-Target-Model"
 COLD_HEADER = "X-Mme-Cold"  # "1": the target was not loaded when the request came; "0": it was
 LOAD_WAIT_HEADER = "X-Mme-Load-Wait-Ms"  # how long the request waited for the load (download included)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mme.errors import UsageError
+from packager.manifest import artifact_directories
 from serving.triton.factory import ServerKind, backend_of, by_preference
 
 if TYPE_CHECKING:
@@ -43,7 +44,6 @@ def served_targets(source: "ModelSource", models: str) -> tuple[str, ...]:
     targets = tarball_targets(source)
     local = not models.startswith("s3://")
     if local and not any("/" not in t for t in targets):
-        from packager.manifest import artifact_directories
 
         found = artifact_directories(Path(models.removeprefix("file://")))
         if found:

@@ -4,9 +4,3 @@
 GPU hosts) or the tritonserver of this image (:mod:`serving.triton.system`);
 :func:`create_server` picks one. :mod:`serving.triton.container` is the one client of their
 SageMaker port (``/ping``, ``/models``, invocations)."""
-
-from serving.triton.base import TritonServer
-from serving.triton.config import TritonServerConfig, TritonServerError, TritonStartupError
-from serving.triton.factory import create_server
-
-__all__ = ["TritonServer", "TritonServerConfig", "TritonServerError", "TritonStartupError", "create_server"]

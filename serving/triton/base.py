@@ -31,7 +31,6 @@ from typing import IO, Callable, Sequence
 import psutil
 
 from mme.polling import poll_until
-from serving.triton.container import ping_status
 from serving.triton.config import (
     TritonServerConfig,
     TritonServerError,
@@ -39,6 +38,7 @@ from serving.triton.config import (
     check_network,
     resolve_ports,
 )
+from serving.triton.container import ping_status
 from serving.triton.netns import PrivateNetwork, host_network_warning
 from serving.triton.processes import (
     INSTANCE_ENV,
@@ -61,7 +61,6 @@ from serving.triton.sagemaker_serve import (
     server_environment,
     supported_flags,
 )
-
 
 
 class TritonServer(abc.ABC):

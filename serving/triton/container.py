@@ -48,10 +48,10 @@ from urllib.parse import quote
 import requests
 from requests.structures import CaseInsensitiveDict
 
+from serving.runtime.reply_headers import TARGET_HEADER
 from serving.triton.container_transport import http_session
 
 DEFAULT_TIMEOUT_S = 60.0
-TARGET_HEADER = "X-Amzn-SageMaker-Target-Model"
 LOAD_TIMEOUT_S = 600.0  # SageMaker allows a model load several minutes
 
 

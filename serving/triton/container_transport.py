@@ -13,6 +13,7 @@ import socket
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit
 
+import aiohttp
 import requests
 from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection
@@ -116,8 +117,6 @@ def aiohttp_connector(base_url: str, **options: Any) -> tuple[aiohttp.BaseConnec
     """An aiohttp connector for ``base_url`` and the base URL to use with it; ``options`` go to
     the connector. For an ``http+netns://`` URL the connector's sockets come from the broker
     (aiohttp's ``socket_factory``) and the base URL is ``http://127.0.0.1:<port>``."""
-    import aiohttp
-
     address = netns_address(base_url)
     if address is None:
         return aiohttp.TCPConnector(**options), base_url.rstrip("/")

@@ -24,7 +24,6 @@ import subprocess
 import uuid
 from pathlib import Path
 
-
 from mme.versions import release
 from serving.triton.base import TritonServer
 from serving.triton.config import SAGEMAKER_MODEL_ROOT, ModelRootError, TritonServerConfig, TritonServerError

@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable
 
 from mme.errors import UsageError
+from serving.monitor.memory import gpu_device_count
 from serving.triton.base import TritonServer
 from serving.triton.config import TritonServerConfig
 from serving.triton.docker import DockerTritonServer, docker_engine_problem
@@ -83,8 +84,6 @@ class ServerKind:
 
 def nvidia_gpu_present() -> bool:
     """True when the NVIDIA driver reports at least one GPU (NVML, else nvidia-smi)."""
-    from serving.monitor.memory import gpu_device_count
-
     count = gpu_device_count()
     if count is not None:
         return count > 0

@@ -31,6 +31,8 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from mme.errors import UsageError
+from mme.versions import release
 from serving.triton.base import TritonServer
 from serving.triton.config import (
     SAGEMAKER_MODEL_ROOT,
@@ -90,8 +92,6 @@ def system_triton_version() -> tuple[int, ...] | None:
     ``$MME_TRITON_RELEASE``; None when neither says."""
     found = parse_version(os.environ.get(VERSION_ENV))
     if found is None and os.environ.get("MME_TRITON_RELEASE"):
-        from mme.errors import UsageError
-        from mme.versions import release
 
         try:
             found = parse_version(release(os.environ["MME_TRITON_RELEASE"]).triton_server)

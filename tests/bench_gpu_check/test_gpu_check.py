@@ -13,15 +13,16 @@ import time
 import pytest
 
 from bench.gpu_check import EXIT_FAILED, EXIT_NO_GPU, EXIT_PARTIAL
+from bench.gpu_check.budget import Run
 from bench.gpu_check.copies import fill_copies, meter_for
 from bench.gpu_check.detect import HostFacts, preflight_lines, shell_assignments
 from bench.gpu_check.report import GpuCheckReport, Step, markdown, write_report
 from bench.gpu_check.runners import ModelInputs, latency, model_inputs
-from bench.gpu_check.steps import Run, exit_code, resolve_limit
+from bench.gpu_check.steps import exit_code, resolve_limit
 from mme.cli import main
 from mme.errors import UsageError
 from packager.formats.torchscript import fp32_math, fp32_settings
-from sizing.capacity import predict_copies
+from sizing.capacity_report import predict_copies
 
 MIB = 1 << 20
 

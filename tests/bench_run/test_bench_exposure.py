@@ -12,11 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from bench.config import TOKEN_ENV, is_loopback
-from bench.request import (BenchRequest, EndpointOptions, GeneratorOptions, LoadOptions, build_config,
-                           worker_token_env)
+from bench.config import TOKEN_ENV
+from bench.request import (
+    BenchRequest,
+    EndpointOptions,
+    GeneratorOptions,
+    LoadOptions,
+    build_bench_config,
+    worker_token_env,
+)
 from mme.cli import build_parser
 from mme.errors import UsageError
+from mme.network import is_loopback
 from tests.bench_run.fake_endpoint import FakeEndpoint
 from tests.bench_run.helpers import ROOT, bench_command, bench_env, free_port, read_run
 from tests.listening import Watch
@@ -116,11 +123,11 @@ def _request(url: str, **generators) -> BenchRequest:
 def test_the_master_binds_loopback_unless_an_address_is_given():
     with FakeEndpoint() as endpoint:
         url = endpoint.url
-        default = build_config(_request(url), "", Path())
-        remote = build_config(_request(url, expect_workers=2, master_port=5557), "", Path())
-        named = build_config(_request(url, expect_workers=2, master_port=5557, master_bind_host="10.1.2.3"), "", Path())
+        default = build_bench_config(_request(url), "", Path())
+        remote = build_bench_config(_request(url, expect_workers=2, master_port=5557), "", Path())
+        named = build_bench_config(_request(url, expect_workers=2, master_port=5557, master_bind_host="10.1.2.3"), "", Path())
         with pytest.raises(UsageError, match="--worker-token is empty"):
-            build_config(_request(url, worker_token=" "), "", Path())
+            build_bench_config(_request(url, worker_token=" "), "", Path())
     assert default.generators.master_bind_host == "127.0.0.1"
     assert remote.generators.master_bind_host == "127.0.0.1"  # expecting workers does not open the master
     assert named.generators.master_bind_host == "10.1.2.3"  # exactly the address given

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.request import (DEFAULTS, BenchRequest, EndpointOptions, FleetOptions, LoadOptions, PayloadOptions,
-                           TargetOptions, build_config)
+                           TargetOptions, build_bench_config)
 from mme.cli import build_parser
 from mme.errors import UsageError
 
@@ -47,7 +47,7 @@ def test_every_option_reaches_its_field() -> None:
 ])
 def test_a_library_caller_gets_the_same_one_line_errors(change: dict, message: str) -> None:
     with pytest.raises(UsageError, match=message):
-        build_config(BenchRequest(**{"endpoint": _unreachable(), **change}), "", Path())
+        build_bench_config(BenchRequest(**{"endpoint": _unreachable(), **change}), "", Path())
 
 
 def test_the_master_port_defaults_to_the_workers_default_when_remote_workers_are_expected() -> None:
@@ -59,21 +59,21 @@ def test_the_master_port_defaults_to_the_workers_default_when_remote_workers_are
     assert build_parser().parse_args(["bench-worker", "--master-host", "h"]).master_port == WORKER_MASTER_PORT
     with FakeEndpoint() as endpoint:
         request = BenchRequest(endpoint=EndpointOptions("e", endpoint.url, mode="single"))
-        assert build_config(request, "r", Path()).generators.master_port == 0  # local workers only: any free port
-        remote = build_config(replace(request, generators=replace(request.generators, expect_workers=1)), "r", Path())
+        assert build_bench_config(request, "r", Path()).generators.master_port == 0  # local workers only: any free port
+        remote = build_bench_config(replace(request, generators=replace(request.generators, expect_workers=1)), "r", Path())
         assert remote.generators.master_port == WORKER_MASTER_PORT
 
 
 def test_in_process_needs_an_artifact_that_onnx_runtime_runs(tmp_path, test_resnet_cpu_local) -> None:
     directory, _ = test_resnet_cpu_local
     with pytest.raises(UsageError, match="--in-process runs the artifact's model in this process: it needs --artifact"):
-        build_config(BenchRequest(endpoint=_unreachable("single"), load=LoadOptions(in_process=1.0)), "", Path())
+        build_bench_config(BenchRequest(endpoint=_unreachable("single"), load=LoadOptions(in_process=1.0)), "", Path())
     torchscript = tmp_path / "torchscript"
     torchscript.mkdir()
     manifest = (directory / "manifest.json").read_text().replace('"format": "cpu-local"', '"format": "torchscript"')
     (torchscript / "manifest.json").write_text(manifest)
     with pytest.raises(UsageError, match="is torchscript: use an artifact in one of onnx, cpu-local"):
-        build_config(BenchRequest(endpoint=_unreachable(), payload=PayloadOptions(artifact=str(torchscript)),
+        build_bench_config(BenchRequest(endpoint=_unreachable(), payload=PayloadOptions(artifact=str(torchscript)),
                                   load=LoadOptions(in_process=1.0)), "", Path())
     assert _parsed("--endpoint", "e", "--in-process", "5").load.in_process == 5.0
 
@@ -99,7 +99,7 @@ FLEET = FleetOptions(mix="zipf:1.1", catalogue="fleet.toml")
 ])
 def test_a_mix_refuses_what_does_not_go_with_it(change: dict, message: str) -> None:
     with pytest.raises(UsageError, match=message):
-        build_config(BenchRequest(**{"endpoint": _unreachable(), **change}), "", Path())
+        build_bench_config(BenchRequest(**{"endpoint": _unreachable(), **change}), "", Path())
 
 
 def test_a_mixs_weights_pick_targets_in_proportion() -> None:
@@ -116,13 +116,13 @@ def test_a_mixs_weights_pick_targets_in_proportion() -> None:
 
 def test_the_config_crosses_processes_as_json_and_comes_back_the_same_typed_value() -> None:
     from bench.config import BenchConfig
-    from bench.in_process import InProcessResult
-    from bench.mix import MixPlan
+    from bench.config import InProcessResult
+    from bench.config import MixPlan
     from bench.payload import Payload
     from tests.bench_run.fake_endpoint import FakeEndpoint
 
     with FakeEndpoint() as endpoint:
-        config = build_config(BenchRequest(endpoint=EndpointOptions("e", endpoint.url, mode="single"),
+        config = build_bench_config(BenchRequest(endpoint=EndpointOptions("e", endpoint.url, mode="single"),
                                            load=LoadOptions(shape="constant", users=2, duration=3.0)), "r", Path("/x"))
     binary = Payload(bytes(range(256)), "application/octet-stream", "a.bin", "m", "onnx")
     mix = MixPlan(("a.tar.gz", "b.tar.gz"), (2.0, 1.0), (binary, config.payload), ("a", "b"), "zipf:1.1", "fleet.toml")

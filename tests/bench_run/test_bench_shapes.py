@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from bench.stages import ARTICLE_STAGES, Stage, build_plan, load_shape_file
+from bench.stages import ARTICLE_STAGES, Stage, build_load_plan, load_shape_file
 from mme.errors import MmeError, UsageError
 from tests.bench_run.helpers import ROOT, bench_env
 
@@ -69,13 +69,13 @@ def test_open_loop_shape_runs_one_scheduler_per_generator(ticks):
 
 
 def test_plan_stage_index_and_defaults():
-    plan = build_plan("staged")
+    plan = build_load_plan("staged")
     assert plan.stages == ARTICLE_STAGES and plan.duration_s == 340 and plan.max_users == 200
     assert [plan.stage_index(t) for t in (0, 29.99, 30, 339.9, 340)] == [0, 0, 1, 10, None]
-    assert build_plan("staged", time_scale=0.03).duration_s == pytest.approx(10.2)
-    ramp = build_plan("ramp", users=100, duration_s=60)
+    assert build_load_plan("staged", time_scale=0.03).duration_s == pytest.approx(10.2)
+    ramp = build_load_plan("ramp", users=100, duration_s=60)
     assert len(ramp.stages) == 10 and ramp.stages[-1] == Stage(60, 100, pytest.approx(100 / 60, rel=1e-5))
-    assert build_plan("open-loop", rate=5, duration_s=2).rate == 5
+    assert build_load_plan("open-loop", rate=5, duration_s=2).rate == 5
 
 
 @pytest.mark.parametrize("content, message", [
@@ -92,7 +92,7 @@ def test_invalid_shape_file_is_a_one_line_error(tmp_path, content, message):
     path = tmp_path / "shape.json"
     path.write_text(content)
     with pytest.raises(MmeError, match=message) as info:
-        build_plan(f"file:{path}")
+        build_load_plan(f"file:{path}")
     assert "\n" not in str(info.value)
 
 
@@ -100,24 +100,24 @@ def test_missing_shape_file_and_bad_options():
     with pytest.raises(MmeError, match="does not exist"):
         load_shape_file(ROOT / "no-such-shape.json")
     with pytest.raises(UsageError, match="needs --users and --duration"):
-        build_plan("constant", users=3)
+        build_load_plan("constant", users=3)
     with pytest.raises(UsageError, match="needs --rate"):
-        build_plan("open-loop", duration_s=3)
+        build_load_plan("open-loop", duration_s=3)
     with pytest.raises(UsageError, match="unknown --shape"):
-        build_plan("sawtooth")
+        build_load_plan("sawtooth")
     with pytest.raises(UsageError, match="--time-scale"):
-        build_plan("constant", users=3, duration_s=4, time_scale=0.5)
+        build_load_plan("constant", users=3, duration_s=4, time_scale=0.5)
 
 
 def test_duration_stretches_the_staged_and_file_shapes(tmp_path):
-    staged = build_plan("staged", duration_s=170)
+    staged = build_load_plan("staged", duration_s=170)
     assert staged.duration_s == pytest.approx(170) and len(staged.stages) == len(ARTICLE_STAGES)
     assert [s.users for s in staged.stages] == [s.users for s in ARTICLE_STAGES]
-    assert staged.stages == build_plan("staged", time_scale=0.5).stages
+    assert staged.stages == build_load_plan("staged", time_scale=0.5).stages
     path = tmp_path / "shape.json"
     path.write_text('[{"duration": 3, "users": 2, "spawn_rate": 1}, {"duration": 6, "users": 4, "spawn_rate": 1}]')
-    assert build_plan(f"file:{path}", duration_s=12).stages[-1].end_s == pytest.approx(12)
+    assert build_load_plan(f"file:{path}", duration_s=12).stages[-1].end_s == pytest.approx(12)
     with pytest.raises(MmeError, match="not both"):
-        build_plan("staged", duration_s=170, time_scale=0.5)
+        build_load_plan("staged", duration_s=170, time_scale=0.5)
     with pytest.raises(MmeError, match="sets its own users"):
-        build_plan("staged", users=3)
+        build_load_plan("staged", users=3)

@@ -12,7 +12,7 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from bench.client import CachedSigV4Auth, error_code
+from bench.client import CachedSigV4Auth, reply_error_code
 from tests.bench_run.fake_endpoint import FakeEndpoint
 from tests.bench_run.helpers import ACCESS_KEY, SECRET_KEY, run_bench, saved_run
 
@@ -69,6 +69,6 @@ def test_requests_on_the_wire_carry_a_valid_signature(tmp_path):
 
 
 def test_error_codes_are_read_like_botocore():
-    assert error_code(424, {"x-amzn-ErrorType": "ModelError:http://internal.amazon.com/coral/"}.get, b"") == "ModelError"
-    assert error_code(400, {}.get, b'{"__type": "com.amazon#ValidationError", "message": "x"}') == "ValidationError"
-    assert error_code(502, {}.get, b"<html>bad gateway</html>") == "502"
+    assert reply_error_code(424, {"x-amzn-ErrorType": "ModelError:http://internal.amazon.com/coral/"}.get, b"") == "ModelError"
+    assert reply_error_code(400, {}.get, b'{"__type": "com.amazon#ValidationError", "message": "x"}') == "ValidationError"
+    assert reply_error_code(502, {}.get, b"<html>bad gateway</html>") == "502"

@@ -26,8 +26,8 @@ import requests
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from tests.benchmarks.bench_load_churn import client  # noqa: E402
 from tests.benchmarks.bench_front import free_port, save_result, tree_environment, wait_for  # noqa: E402
+from tests.benchmarks.bench_load_churn import client  # noqa: E402
 from tests.serving.python_models import echo_request, write_echo_tarball  # noqa: E402
 
 TARGETS = ("a.tar.gz", "b.tar.gz", "c.tar.gz")

@@ -64,16 +64,26 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
+    from bench.request import (
+        BenchRequest,
+        EndpointOptions,
+        FleetOptions,
+        LoadOptions,
+        OutputOptions,
+        PayloadOptions,
+        TargetOptions,
+        run_to_end,
+    )
     from mme.cli import main as mme_main
-    from mme.demo import _staged
-    from mme.demo_fleet import CONCURRENCY, FLEET, FLEET_FORMAT, THRESHOLD, catalogue_text
+    from mme.cli.demo_fleet import FLEET, FLEET_FORMAT, MAX_IN_FLIGHT, catalogue_text
     from mme.fsutil import write_json_atomic
-    from bench.request import (BenchRequest, EndpointOptions, FleetOptions, LoadOptions, OutputOptions, PayloadOptions,
-                               TargetOptions)
     from packager.catalogue import catalogue_artifacts, fleet_directory
-    from sizing.fleet import FleetMeasurement, measure_fleet, parse_mix, predict_run
+    from serving.monitor.memory import DEFAULT_MEMORY_THRESHOLD as THRESHOLD
     from serving.runtime.fleet_router import LocalFleet
     from serving.runtime.local_endpoint import LocalEndpointOptions
+    from sizing.fleet import predict_run
+    from sizing.fleet_measure import FleetMeasurement, measure_fleet
+    from sizing.mix import parse_mix
 
     reporter = Reporter()
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
@@ -88,7 +98,7 @@ def main() -> int:
     if args.measurements:
         measurement = FleetMeasurement.load(args.measurements)
     else:
-        measurement = measure_fleet(directories, reporter, concurrency=CONCURRENCY, binary=True)
+        measurement = measure_fleet(directories, reporter, concurrency=MAX_IN_FLIGHT, binary=True)
         write_json_atomic(work / "fleet-measurements.json", measurement.to_dict())
     rates = parse_mix(args.mix, args.rps, [(m.model, m.target) for m in measurement.models])
     fleet_dir = fleet_directory(directories, work / "fleet")
@@ -106,9 +116,9 @@ def main() -> int:
                 payload=PayloadOptions(binary=True),
                 fleet=FleetOptions(mix=args.mix, catalogue=str(catalogue), artifacts=args.out, format=FLEET_FORMAT,
                                    rps=args.rps),
-                load=LoadOptions(shape="open-loop", rate=args.rps, duration=args.duration, max_inflight=CONCURRENCY),
+                load=LoadOptions(shape="open-loop", rate=args.rps, duration=args.duration, max_inflight=MAX_IN_FLIGHT),
                 output=OutputOptions(out=args.results, run_id=f"bench-fleet-instances-{stamp}-{count}", quiet=True))
-            run_dir = _staged(request, True)
+            run_dir = run_to_end(request, True)
         measured = measured_run(run_dir)
         per_model = {m["target"]: m for m in predicted["simulation"]["models"]}
         rows.append({"instances": count, "predicted_hit_ratio": predicted["hit_ratio"],

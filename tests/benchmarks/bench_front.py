@@ -30,8 +30,8 @@ import requests
 from mme.fsutil import write_json_atomic
 from mme.process import child_env
 from serving.models.cache_entries import cache_key
-from serving.triton.container_transport import http_session
 from serving.triton.config import free_ports
+from serving.triton.container_transport import http_session
 
 MODEL_PY = '''
 import numpy as np

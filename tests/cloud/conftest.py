@@ -146,7 +146,7 @@ def run_cli(monkeypatch: pytest.MonkeyPatch, capsys):
     """run_cli(*argv) -> (exit code, stdout, stderr): ``mme`` with the cloud commands, in-process."""
     import mme.cli
 
-    monkeypatch.setattr(mme.cli, "COMMAND_MODULES", ("serving.deploy.cli",))
+    monkeypatch.setattr(mme.cli, "COMMAND_MODULES", ("mme.cli.aws",))
 
     def run(*argv: str) -> tuple[int, str, str]:
         capsys.readouterr()

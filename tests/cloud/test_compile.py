@@ -20,7 +20,7 @@ from mme.versions import release as triton_release
 from packager.remote import compile as remote
 from packager.remote.artifact import tensorrt_config
 from packager.remote.job import BuildInfo, read_job_output
-from packager.remote.plan import CompileRequest, check_request, load_onnx_artifact, plan_compile, profile_shapes
+from packager.remote.plan import CompileRequest, check_compile_request, load_onnx_artifact, plan_compile, manifest_profile_shapes
 from packager.remote.job import wait_for_job
 from packager.remote import trt_build_entry
 from mme.aws.errors import AwsError, CompileFailed
@@ -33,7 +33,7 @@ NOW = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
 def _plan(s3env, onnx_artifact, tmp_path, **overrides):
     request = CompileRequest(artifact=onnx_artifact, s3=f"s3://{s3env.bucket}/work", instance_type="ml.g5.2xlarge",
                                     role_arn=ROLE, state_dir=tmp_path / "compile-state", **overrides)
-    check_request(request)
+    check_compile_request(request)
     artifact = load_onnx_artifact(onnx_artifact)
     store = StateDir(request.state_dir, "compile job")
     return plan_compile(request, "us-east-1", s3env.client, store, artifact, Reporter(quiet=True)), artifact, store
@@ -110,12 +110,12 @@ def test_dynamic_axes_take_their_maximum_from_the_manifest():
                   TensorEntry("attention_mask", "INT64", (-1,), ("sequence",)))
         details = BuildDetails({"axes_max": {"sequence": 128}})
 
-    shapes = profile_shapes(Manifest, 16)
+    shapes = manifest_profile_shapes(Manifest, 16)
     assert shapes["min"]["input_ids"] == [1, 1] and shapes["opt"]["input_ids"] == [8, 128] and shapes["max"]["attention_mask"] == [16, 128]
     assert trt_build_entry.shape_arg(shapes["max"]) == "input_ids:16x128,attention_mask:16x128"
     Manifest.details = BuildDetails()
     with pytest.raises(AwsError, match="without a known maximum"):
-        profile_shapes(Manifest, 16)
+        manifest_profile_shapes(Manifest, 16)
 
 
 def test_compile_runs_the_job_and_writes_the_tensorrt_artifact(s3env, onnx_artifact, tmp_path, stubbed, fake_clock):

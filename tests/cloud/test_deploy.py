@@ -349,7 +349,7 @@ def test_single_mode_rejects_a_multi_prefix_without_a_choice(s3env, tmp_path):
     with pytest.raises(DeployError, match="pass --target"):
         _plan(s3env, f"s3://{s3env.bucket}/two", tmp_path, mode="single", image_uri="1.dkr.ecr.us-east-1.amazonaws.com/x:1")
     with pytest.raises(DeployError, match="names one tarball"):
-        deploy.check_request(deploy.DeployRequest(s3=f"s3://{s3env.bucket}/two/a.tar.gz", instance_type="ml.g5.2xlarge", role_arn=ROLE))
+        deploy.check_deploy_request(deploy.DeployRequest(s3=f"s3://{s3env.bucket}/two/a.tar.gz", instance_type="ml.g5.2xlarge", role_arn=ROLE))
 
 
 def test_unknown_region_for_the_image_asks_for_image_uri():

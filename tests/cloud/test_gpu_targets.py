@@ -19,7 +19,7 @@ from mme.versions import NoSageMakerImageError, release
 from packager.compat import PlanIncompatibleError
 from packager.manifest import Manifest
 from packager.manifest_records import TritonTarget
-from packager.remote.plan import CompileRequest, check_request, load_onnx_artifact, plan_compile
+from packager.remote.plan import CompileRequest, check_compile_request, load_onnx_artifact, plan_compile
 from mme.aws.s3 import TransferSettings
 from packager.remote.job import upload_inputs
 from serving.deploy import endpoint as deploy
@@ -131,7 +131,7 @@ def compile_plan(s3env, onnx_artifact, tmp_path, **overrides):
     options = {"instance_type": "ml.g5.2xlarge", **overrides}
     request = CompileRequest(artifact=onnx_artifact, s3=f"s3://{s3env.bucket}/work", role_arn=ROLE,
                                     state_dir=tmp_path / "compile-state", **options)
-    check_request(request)
+    check_compile_request(request)
     artifact = load_onnx_artifact(onnx_artifact)
     store = StateDir(request.state_dir, "compile job")
     return plan_compile(request, "us-east-1", s3env.client, store, artifact, Reporter(quiet=True)), artifact
@@ -143,7 +143,7 @@ def test_compile_refuses_a_release_without_a_sagemaker_image_and_a_gpu_it_does_n
     with pytest.raises(PlanIncompatibleError, match="compute capability 7.5 and newer"):
         compile_plan(s3env, onnx_artifact, tmp_path, instance_type="ml.p3.2xlarge")
     with pytest.raises(MmeError, match="fp32, tf32 or fp16"):
-        check_request(CompileRequest(artifact=onnx_artifact, s3="s3://b/p", instance_type="ml.g5.2xlarge",
+        check_compile_request(CompileRequest(artifact=onnx_artifact, s3="s3://b/p", instance_type="ml.g5.2xlarge",
                                                    role_arn=ROLE, precision="int8"))
 
 

@@ -22,7 +22,7 @@ from mme.progress import Reporter
 from packager.catalogue import entry_request, load_catalogue
 from packager.catalogue_run import triage
 from packager.remote import catalogue_entry
-from packager.remote.catalogue_jobs import package_on_sagemaker, upload_inputs
+from packager.remote.catalogue_jobs import package_on_sagemaker, upload_shard_inputs
 from packager.remote.catalogue_plan import JobsRequest, check_entries, image_release, plan_jobs
 from packager.request import request_fingerprint
 
@@ -187,7 +187,7 @@ def test_an_image_of_another_release_or_a_gpu_it_cannot_serve_refuses_the_entry(
 
 def test_jobs_package_the_catalogue_wait_for_quota_and_their_artifacts_land_as_a_local_run_leaves_them(
         s3env, tmp_path, stubbed, fake_clock, capsys, monkeypatch):
-    from packager.catalogue_run import up_to_date
+    from packager.catalogue import up_to_date
 
     out = tmp_path / "artifacts"
     path = write_catalogue(tmp_path, models("test_resnet", "test_vit"))
@@ -243,7 +243,6 @@ def test_jobs_package_the_catalogue_wait_for_quota_and_their_artifacts_land_as_a
     # the command line, artifacts gone here: the completed jobs' output is downloaded again, the summary names the jobs
     import shutil
 
-    import mme.aws.session
 
     shutil.rmtree(out)
     sm_cli, cli_stub = stubbed("sagemaker")
@@ -257,7 +256,9 @@ def test_jobs_package_the_catalogue_wait_for_quota_and_their_artifacts_land_as_a
         def client(self, service, endpoint_url=None):
             return sm_cli if service == "sagemaker" else s3env.client
 
-    monkeypatch.setattr(mme.aws.session, "connect", lambda region=None, **_: Aws())
+    import packager.remote.catalogue_jobs
+
+    monkeypatch.setattr(packager.remote.catalogue_jobs, "connect", lambda region=None, **_: Aws())  # where it is used
     capsys.readouterr()
     code = main(["package", "--catalogue", str(path), "--out", str(out), "--on", "sagemaker", "--instance-type",
                  "ml.g5.2xlarge", "--s3", request.s3, "--role", ROLE, "--image-uri", request.image_uri,
@@ -282,7 +283,7 @@ def test_a_failed_job_fails_its_entries_only_and_retry_starts_a_new_attempt(s3en
                      "us-east-1", s3env.client, store, Reporter(quiet=True))
     first, second = plan.shards
     for shard in plan.shards:  # a run interrupted once both jobs were started
-        upload_inputs(s3env.client, shard)
+        upload_shard_inputs(s3env.client, shard)
     sm, stub = stubbed("sagemaker")
     reason = "AlgorithmError: mme: error: out of GPU memory"
     stub.add_response("describe_training_job", describe(first.job_name, "Failed", "Failed", first.model_uri,

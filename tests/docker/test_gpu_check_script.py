@@ -152,4 +152,4 @@ def test_script_is_executable_bash():
     from mme.cli import build_parser
 
     args = build_parser().parse_args(["gpu-check", "run", "--out", "somewhere", "--device", "cpu"])
-    assert args.func.__module__ == "bench.gpu_check.cli" and args.device == "cpu"
+    assert args.func.__module__ == "mme.cli.gpu_check" and args.device == "cpu"

@@ -113,14 +113,14 @@ def test_mismatch_is_caught_and_nothing_is_left(tmp_path, capsys):
 def test_a_negative_rtol_is_refused(tmp_path, capsys):
     from mme.errors import UsageError
     from packager.model import ModelRequest
-    from packager.pipeline import check_request
+    from packager.pipeline import check_package_request
     from packager.request import PackageRequest
 
     code, _, err = run_cli(capsys, "package", "test_resnet", "--formats", "onnx", "--rtol=-1e-3",
                            "--out", str(tmp_path))
     assert code == 2 and "--rtol" in err and "0 or more" in err and "Traceback" not in err
     with pytest.raises(UsageError, match="--rtol must be 0 or a positive number"):
-        check_request(PackageRequest(ModelRequest("test_resnet"), ("onnx",), tmp_path, rtol=-1.0))
+        check_package_request(PackageRequest(ModelRequest("test_resnet"), ("onnx",), tmp_path, rtol=-1.0))
     assert not any(tmp_path.iterdir())
 
 

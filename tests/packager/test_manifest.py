@@ -12,7 +12,16 @@ from mme.errors import MmeError
 from mme.versions import release, releases
 from packager.compat import EngineFacts
 from packager.manifest import MANIFEST_NAME, Manifest
-from packager.manifest_records import BuildDetails, FileEntry, SampleRequest, Source, TensorEntry, TritonSettings, TritonTarget, Validation
+from packager.manifest_records import (
+    BuildDetails,
+    FileEntry,
+    SampleRequest,
+    Source,
+    TensorEntry,
+    TritonSettings,
+    TritonTarget,
+    Validation,
+)
 
 
 def a_manifest(**changes) -> Manifest:

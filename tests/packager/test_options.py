@@ -21,7 +21,7 @@ from packager.options import OPTIONS, command_line, option, request_from_args, r
 from packager.registry import family_names
 from packager.remote.plan import CompileRequest
 from packager.request import PackageRequest
-from packager.triton_config import TritonOptions
+from packager.triton_options import TritonOptions
 
 # a value other than the default for every catalogue key, as TOML writes it
 NOT_DEFAULTS = {

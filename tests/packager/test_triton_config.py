@@ -10,7 +10,8 @@ from mme.errors import UsageError
 from packager.formats import FORMATS
 from packager.formats.base import ExportedModel, positional_names
 from packager.spec import TensorSpec
-from packager.triton_config import ModelConfigError, TritonOptions, build_config, read_config, to_text, write_config
+from packager.triton_config import ModelConfigError, build_config, read_config, to_text, write_config
+from packager.triton_options import TritonOptions
 
 TEXT_INPUTS = (TensorSpec("input_ids", "int64", ("sequence",)), TensorSpec("attention_mask", "int64", ("sequence",)))
 TEXT_OUTPUTS = (TensorSpec("last_hidden_state", "float32", ("sequence", 768)),)

@@ -9,7 +9,7 @@ import pytest
 
 from mme.cli import main
 from packager.manifest import Manifest
-from sizing.capacity import format_table
+from sizing.capacity_report import format_table
 
 
 def test_capacity_prediction_matches_what_fits(packaged_test_resnet, tmp_path, capsys):
@@ -68,11 +68,11 @@ def test_a_limit_too_small_for_one_copy_loads_one_and_says_what_limit_would_fit(
 
 
 def test_both_loops_share_one_report_from_their_readings():
-    """Readings -> footprint -> prediction -> copies that fit -> projections: build_report, used
+    """Readings -> footprint -> prediction -> copies that fit -> projections: build_capacity_report, used
     by the local loop and by the one against an endpoint (sizing.capacity_remote)."""
     import pytest
 
-    from sizing.capacity import Footprint, Readings, build_report
+    from sizing.capacity_report import Footprint, Readings, build_capacity_report
 
     mib = 2**20
     readings = Readings("m", "onnx", "host RSS", 1000 * mib, 0.9, 100 * mib)
@@ -80,13 +80,13 @@ def test_both_loops_share_one_report_from_their_readings():
         readings.record(memory * mib, 0.5)
     assert [(s.copies, s.delta_bytes // mib) for s in readings.steps] == [(1, 100), (2, 100), (3, 150), (4, 10)]
     instances = {"ml.small": {"gpu": "T4", "gpu_memory_gib": 1}, "ml.big": {"gpu": "L40S", "gpu_memory_gib": 4}}
-    report = build_report(readings, readings.steps[:2], instances=instances)
+    report = build_capacity_report(readings, readings.steps[:2], instances=instances)
     assert report.first_copy_bytes == 100 * mib  # copy 1
     assert report.footprint_mean_bytes == 100 * mib and report.footprint_max_bytes == 100 * mib  # copy 2
     assert report.predicted_copies == 8 and report.actual_copies == 4  # 1 + (900 - 100 - 100) / 100; all four under 900
     assert [(p.instance_type, p.gpu, p.copies, p.memory_basis) for p in report.projections] == [
         ("ml.small", "T4", 8, "nominal"), ("ml.big", "L40S", 35, "nominal")]  # rows without a usable figure
-    every = build_report(readings, verified=False, instances=instances)
+    every = build_capacity_report(readings, verified=False, instances=instances)
     # per copy over copies 2-4 (100, 150, 10): the first is counted apart
     assert every.footprint_min_bytes == 10 * mib and every.footprint_mean_bytes == 260 * mib // 3
     assert every.per_copy_basis == "copies 2-4, after the first"
@@ -100,7 +100,7 @@ def test_the_first_copy_is_counted_once_and_projections_use_usable_memory():
     """On a GPU the first copy carries the one-time CUDA/cuDNN/cuBLAS/ONNX Runtime start-up:
     averaged into every copy it would under-count what fits. The prediction is baseline + first
     + (n - 1) x per copy; instance types are projected onto the memory their driver reports."""
-    from sizing.capacity import CopyCost, Readings, build_report, predict, predict_copies
+    from sizing.capacity_report import CopyCost, Readings, build_capacity_report, predict, predict_copies
 
     mib = 2**20
     limit = 24576 * mib
@@ -109,7 +109,7 @@ def test_the_first_copy_is_counted_once_and_projections_use_usable_memory():
         readings.record(memory * mib, 1.0)
     instances = {"ml.g5.2xlarge": {"gpu": "A10G", "gpu_memory_gib": 24, "gpu_memory_usable_mib": 23028},
                  "ml.other": {"gpu": "A10G", "gpu_memory_gib": 24}}
-    report = build_report(readings, instances=instances)
+    report = build_capacity_report(readings, instances=instances)
     assert (report.first_copy_bytes, report.footprint_mean_bytes) == (1500 * mib, 300 * mib)
     budget = 0.9 * 24576  # MiB
     assert report.predicted_copies == 1 + int((budget - 500 - 1500) // 300) == 68
@@ -124,7 +124,7 @@ def test_the_first_copy_is_counted_once_and_projections_use_usable_memory():
     # copy 1 loaded by an earlier run (the remote loop leaves it out): the start-up is in the baseline
     later = CopyCost.of(readings.steps[1:])
     assert not later.first_measured and later.first_bytes == 300 * mib and "copy 1 was loaded before" in later.basis
-    preloaded = build_report(readings, readings.steps[1:], instances={})
+    preloaded = build_capacity_report(readings, readings.steps[1:], instances={})
     assert preloaded.first_copy_bytes is None and preloaded.projections == ()
     assert "first copy: not measured" in format_table(preloaded)
     table = format_table(report)
@@ -180,7 +180,7 @@ def test_capacity_refuses_host_rss_on_a_gpu_host_without_nvml(packaged_test_resn
 def test_requests_in_flight_are_counted_once_for_the_endpoint():
     """What many callers at once add (request buffers) is the endpoint's: it comes off the budget
     once, and copies read before it was measured are judged with it."""
-    from sizing.capacity import Readings, build_report
+    from sizing.capacity_report import Readings, build_capacity_report
 
     mib = 2**20
     readings = Readings("m", "onnx", "host RSS", 1000 * mib, 0.9, 100 * mib)
@@ -191,7 +191,7 @@ def test_requests_in_flight_are_counted_once_for_the_endpoint():
     readings.record(700 * mib, 0.5)
     readings.record(950 * mib, 0.5)
     assert [s.delta_bytes // mib for s in readings.steps] == [100, 100, 100, 100, 250]
-    report = build_report(readings, readings.steps[:2], overhead_concurrency=200, overhead_body="json")
+    report = build_capacity_report(readings, readings.steps[:2], overhead_concurrency=200, overhead_body="json")
     assert report.predicted_copies == 6  # (900 - 100 - 200) / 100, not 8
     assert report.actual_copies == 4 and report.overhead_bytes == 200 * mib
     tight = Readings("m", "onnx", "host RSS", 1000 * mib, 0.9, 100 * mib)
@@ -291,8 +291,8 @@ def test_the_local_endpoint_counts_the_gpu_for_every_server_kind(packaged_test_r
     import shutil
     import sys
 
-    from serving.runtime.local_endpoint import LocalEndpoint, LocalEndpointOptions
     from serving.monitor.memory import GpuMemoryMeter, HostMemoryMeter
+    from serving.runtime.local_endpoint import LocalEndpoint, LocalEndpointOptions
 
     monkeypatch.setitem(sys.modules, "pynvml", TritonBackedGpu())
     monkeypatch.setenv("TRITON_SERVER_VERSION", "2.61.0")  # a system Triton that accepts any cache directory

@@ -9,8 +9,9 @@ from dataclasses import replace
 import pytest
 
 from mme.cli import main
-from sizing.fleet import FleetMeasurement, ModelFootprint, parse_mix
-from sizing.fleet_sim import SimModel, simulate, smallest_fleet, zipf_rates
+from sizing.fleet_measure import FleetMeasurement, ModelFootprint
+from sizing.fleet_sim import SimModel, simulate, smallest_fleet
+from sizing.mix import parse_mix, zipf_rates
 
 MIB = 2**20
 

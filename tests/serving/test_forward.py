@@ -10,7 +10,8 @@ import pytest
 from aiohttp import web
 
 from serving.models.cache_entries import cache_key
-from serving.triton.container import TARGET_HEADER, ContainerUnreachable
+from serving.runtime.reply_headers import TARGET_HEADER
+from serving.triton.container import ContainerUnreachable
 from serving.runtime.forward import Forwarder, InvocationTimedOut
 
 

@@ -23,9 +23,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from mme.cli import build_parser
 from mme.errors import UsageError
+from mme.network import is_loopback
 from mme.progress import Reporter
 from serving.runtime import sigv4_verify as sigv4
-from serving.runtime.exposure import is_loopback, open_front_warning, python_backend_models, python_backend_warning
+from serving.runtime.exposure import open_front_warning, python_backend_models, python_backend_warning
 from serving.runtime.local_endpoint import LocalEndpoint, LocalEndpointOptions
 from tests.serving.python_models import echo_request, write_echo_model, write_echo_tarball
 

@@ -17,12 +17,12 @@ from pathlib import Path
 from mme.argtypes import byte_size, positive_float, positive_int
 from mme.errors import MmeError
 from mme.progress import Reporter
+from serving.monitor.memory import DEFAULT_MEMORY_THRESHOLD
 
 FLEET_ENDPOINT = "local-fleet-demo"
 FLEET_FORMAT = "cpu-local"
 FLEET = ("test_resnet", "test_vit", "test_convnext", "test_efficientnet", "test_byobnet", "test_nfnet")
-THRESHOLD = 0.9  # mme serve's and mme capacity's default
-CONCURRENCY = 16  # callers the open-loop load keeps in flight at most, for the endpoint's request buffers
+MAX_IN_FLIGHT = 16  # callers the open-loop load keeps in flight at most, for the endpoint's request buffers
 
 
 def catalogue_text(models: tuple[str, ...]) -> str:
@@ -53,16 +53,25 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench.per_model import PLAN_FILE, per_model
+    from bench.per_model import FLEET_PLAN_FILE, per_model
     from bench.report import build_report, print_results
-    from bench.request import (BenchRequest, EndpointOptions, FleetOptions, LoadOptions, OutputOptions, PayloadOptions,
-                               TargetOptions)
+    from bench.request import (
+        BenchRequest,
+        EndpointOptions,
+        FleetOptions,
+        LoadOptions,
+        OutputOptions,
+        PayloadOptions,
+        TargetOptions,
+        run_to_end,
+    )
     from mme.cli import main as mme_main
-    from mme.demo import _staged
     from mme.fsutil import ensure_writable_dir, write_json_atomic
     from packager.catalogue import catalogue_artifacts, fleet_directory
-    from sizing.fleet import measure_fleet, parse_mix, predict_run
     from serving.runtime.local_endpoint import LocalEndpoint, LocalEndpointOptions
+    from sizing.fleet import predict_run
+    from sizing.fleet_measure import measure_fleet
+    from sizing.mix import parse_mix
 
     reporter = Reporter(quiet=args.quiet)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
@@ -81,10 +90,10 @@ def run(args: argparse.Namespace) -> int:
     directories = catalogue_artifacts(catalogue, Path(args.out), FLEET_FORMAT)
 
     reporter.info(f"\n==> [2/{steps}] measure each model, one copy (mme capacity --catalogue), and predict this run")
-    measurement = measure_fleet(directories, reporter, concurrency=CONCURRENCY, binary=True)
+    measurement = measure_fleet(directories, reporter, concurrency=MAX_IN_FLIGHT, binary=True)
     names = [(m.model, m.target) for m in measurement.models]
     rates = parse_mix(args.mix, args.rps, names)
-    prediction = predict_run(measurement, rates, args.memory_limit, THRESHOLD, args.duration, seed=args.seed)
+    prediction = predict_run(measurement, rates, args.memory_limit, DEFAULT_MEMORY_THRESHOLD, args.duration, seed=args.seed)
     plan = prediction["plans"][0]
     reporter.info(f"  budget for models {plan['budget_bytes'] / 2**20:.0f} MiB of {args.memory_limit / 2**20:.0f} MiB "
                   f"(fleet {sum(m.rest_bytes for m in measurement.models) / 2**20:.0f} MiB at rest, "
@@ -95,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     reporter.info(f"\n==> [3/{steps}] serve the catalogue under {args.memory_limit / 2**20:.0f} MiB (mme serve --catalogue)")
     fleet_dir = fleet_directory(directories, work / "fleet")  # the tarballs as one MME prefix holds them
     options = LocalEndpointOptions(models=str(fleet_dir), port=0, server_kind="local", endpoint_name=FLEET_ENDPOINT,
-                                   memory_limit_bytes=args.memory_limit, memory_threshold=THRESHOLD, memory="host")
+                                   memory_limit_bytes=args.memory_limit, memory_threshold=DEFAULT_MEMORY_THRESHOLD, memory="host")
     with LocalEndpoint(options, Reporter(quiet=True)) as endpoint:
         reporter.info(f"\n==> [4/{steps}] the mix {args.mix} at {args.rps:g} requests/s for {args.duration:g} s, open loop "
                       "(mme bench --mix)")
@@ -104,10 +113,10 @@ def run(args: argparse.Namespace) -> int:
                                fleet=FleetOptions(mix=args.mix, catalogue=str(catalogue), artifacts=args.out,
                                                   format=FLEET_FORMAT, rps=args.rps),
                                load=LoadOptions(shape="open-loop", rate=args.rps, duration=args.duration,
-                                                max_inflight=CONCURRENCY),
+                                                max_inflight=MAX_IN_FLIGHT),
                                output=OutputOptions(out=args.results, run_id=f"demo-fleet-{stamp}-run", quiet=args.quiet))
-        run_dir = _staged(request, args.quiet)
-    write_json_atomic(run_dir / PLAN_FILE, prediction)
+        run_dir = run_to_end(request, args.quiet)
+    write_json_atomic(run_dir / FLEET_PLAN_FILE, prediction)
 
     reporter.info(f"\n==> [5/{steps}] report: measured vs predicted hit ratio per model (mme report)")
     paths = build_report([run_dir], reporter=reporter)
@@ -122,5 +131,5 @@ def run(args: argparse.Namespace) -> int:
     if successes:
         print(f"  overall: measured {100 * warm / successes:.1f}%, predicted {100 * (plan['hit_ratio'] or 0):.1f}%")
     print(f"\ndemo done: open {paths.html}")
-    print(f"  catalogue: {catalogue}; plan: {run_dir / PLAN_FILE}; raw results: {run_dir}")
+    print(f"  catalogue: {catalogue}; plan: {run_dir / FLEET_PLAN_FILE}; raw results: {run_dir}")
     return 0

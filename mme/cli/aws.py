@@ -164,7 +164,7 @@ def _push_request(args: argparse.Namespace, artifact: Path, destination):
 
 
 def register_deploy(subparsers: Any) -> None:
-    p = _command(subparsers, "deploy", run_deploy)
+    p = _command(subparsers, "deploy", deploy_command)
     p.add_argument("--s3", required=True, metavar="URI", help="s3://bucket/prefix holding the tarballs (single mode: or one .tar.gz)")
     p.add_argument("--instance-type", required=True, help="e.g. ml.g5.2xlarge")
     p.add_argument("--role", required=True, metavar="ARN", help="SageMaker execution role (arn:aws:iam::<account>:role/<name>)")
@@ -187,11 +187,11 @@ def register_deploy(subparsers: Any) -> None:
     _aws_options(p)
 
 
-def run_deploy(args: argparse.Namespace) -> int:
-    from serving.models.copies import copy_name
-    from serving.deploy import endpoint as deploy
+def deploy_command(args: argparse.Namespace) -> int:
     from mme.aws.session import connect
     from mme.aws.state import DeploymentStore
+    from serving.deploy import endpoint as deploy
+    from serving.models.copies import copy_name
 
     request = deploy.DeployRequest(
         s3=args.s3, instance_type=args.instance_type, role_arn=args.role, mode=args.mode, image_uri=args.image_uri,
@@ -200,7 +200,7 @@ def run_deploy(args: argparse.Namespace) -> int:
         timeout_s=args.timeout, poll_interval_s=args.poll_interval, state_dir=Path(args.state_dir),
         s3_endpoint_url=args.s3_endpoint_url, dry_run=args.dry_run, inference_ami_version=args.inference_ami_version,
     )
-    deploy.check_request(request)  # before any AWS call
+    deploy.check_deploy_request(request)  # before any AWS call
     reporter = Reporter(quiet=args.quiet)
     aws = connect(args.region)
     plan = deploy.plan_deploy(request, aws.session, aws.client("s3", args.s3_endpoint_url), reporter)
@@ -221,7 +221,7 @@ def run_deploy(args: argparse.Namespace) -> int:
 
 
 def register_delete(subparsers: Any) -> None:
-    p = _command(subparsers, "delete", run_delete)
+    p = _command(subparsers, "delete", delete_command)
     p.add_argument("--endpoint", required=True, help="endpoint name")
     p.add_argument("--delete-s3", action="store_true", help="also delete every object under the deployment's S3 prefix")
     p.add_argument("--s3", metavar="URI", help="the prefix to delete when no state file records it")
@@ -230,10 +230,10 @@ def register_delete(subparsers: Any) -> None:
     _aws_options(p)
 
 
-def run_delete(args: argparse.Namespace) -> int:
-    from serving.deploy import delete
+def delete_command(args: argparse.Namespace) -> int:
     from mme.aws.session import connect
     from mme.aws.state import DeploymentStore
+    from serving.deploy import delete
 
     store = DeploymentStore(Path(args.state_dir))
     deployment = store.load(args.endpoint)
@@ -267,9 +267,9 @@ def register_metrics(subparsers: Any) -> None:
 def run_metrics(args: argparse.Namespace) -> int:
     from datetime import datetime, timezone
 
-    from serving.deploy import cloudwatch
     from mme.aws.errors import AwsError
     from mme.aws.session import connect
+    from serving.deploy import cloudwatch
 
     reporter = Reporter(quiet=args.quiet)
     region = args.region
@@ -320,7 +320,7 @@ def run_metrics(args: argparse.Namespace) -> int:
 
 
 def register_compile(subparsers: Any) -> None:
-    p = _command(subparsers, "compile", run_compile)
+    p = _command(subparsers, "compile", compile_command)
     p.add_argument("--on", required=True, choices=("sagemaker",), help="where to build: sagemaker (a training job)")
     p.add_argument("--instance-type", required=True, help="the GPU instance type you will serve on, e.g. ml.g5.2xlarge")
     p.add_argument("--artifact", required=True, help="artifacts/<model>/onnx made by 'mme package --formats onnx'")
@@ -345,11 +345,11 @@ def register_compile(subparsers: Any) -> None:
     _aws_options(p)
 
 
-def run_compile(args: argparse.Namespace) -> int:
-    from packager.remote import compile as remote
-    from packager.remote.plan import CompileRequest, check_request, load_onnx_artifact, plan_compile
+def compile_command(args: argparse.Namespace) -> int:
     from mme.aws.session import connect
     from mme.aws.state import StateDir
+    from packager.remote import compile as remote
+    from packager.remote.plan import CompileRequest, check_compile_request, load_onnx_artifact, plan_compile
 
     request = CompileRequest(
         artifact=Path(args.artifact), s3=args.s3, instance_type=args.instance_type, role_arn=args.role,
@@ -359,7 +359,7 @@ def run_compile(args: argparse.Namespace) -> int:
         poll_interval_s=args.poll_interval, state_dir=Path(args.state_dir), s3_endpoint_url=args.s3_endpoint_url,
         retry=args.retry, dry_run=args.dry_run,
     )
-    check_request(request)
+    check_compile_request(request)
     artifact = load_onnx_artifact(request.artifact)
     reporter = Reporter(quiet=args.quiet)
     aws = connect(args.region)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench.config import WORKER_MASTER_PORT
 from bench.child import run_child
+from bench.config import WORKER_MASTER_PORT
 from bench.request import DEFAULTS, BenchRequest, start_bench, worker_token_env
 from mme.argtypes import non_negative_float, positive_float, positive_int, share
 from mme.errors import MmeError

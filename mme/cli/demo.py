@@ -14,18 +14,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mme.argtypes import byte_size, non_negative_float, positive_float
-from mme.errors import MmeError
+from mme.argtypes import byte_size, positive_float
 from mme.progress import Reporter
+from serving.monitor.memory import DEFAULT_MEMORY_THRESHOLD
 
 if TYPE_CHECKING:
     from packager.pipeline import PackagedArtifact
-    from sizing.capacity import CapacityReport
+    from sizing.capacity_report import CapacityReport
 
 DEMO_ENDPOINT = "local-demo"  # the EndpointName the demo's local endpoint answers for and the bench calls
 DEMO_FORMAT = "cpu-local"
-THRESHOLD = 0.9  # mme capacity's and mme serve's default
-PROBE_COPIES = 2
+DEMO_PROBE_COPIES = 2
 
 
 def register(subparsers) -> None:
@@ -44,43 +43,6 @@ def register(subparsers) -> None:
     p.add_argument("--max-copies", type=int, default=20, help="cap on copies measured and served (default: %(default)s)")
     p.add_argument("--repackage", action="store_true", help="package again even if the artifact exists")
     p.set_defaults(func=run)
-    register_realtime(subparsers)
-    from mme import demo_fleet
-
-    demo_fleet.register(subparsers)
-
-
-REALTIME_MODEL = "distilbert-base-uncased"  # the second article's model
-REALTIME_ENDPOINT = "local-realtime-demo"
-
-
-def register_realtime(subparsers) -> None:
-    p = subparsers.add_parser(
-        "demo-realtime",
-        help="the second article's flow on local defaults: package a text model, a real-time endpoint, "
-        "staged load, report with the instance count for a target TPS",
-        description="package MODEL with its tokenizer (cpu-local; requests send text) -> a local real-time endpoint serving it (mme serve --mode single) "
-        "-> the staged load without TargetModel (mme bench --mode single) -> the report with the instances needed "
-        "for --target-tps at 60%% and 70%% utilisation (mme report).",
-    )
-    p.add_argument("--model", default=REALTIME_MODEL, help="model to package (default: %(default)s)")
-    p.add_argument("--out", default="artifacts", help="artifact root (default: %(default)s)")
-    p.add_argument("--results", default="results", help="results root (default: %(default)s)")
-    p.add_argument("--time-scale", type=positive_float, default=0.5,
-                   help="compress the article's 340 s staged shape (default: 0.5, about 3 minutes)")
-    p.add_argument("--workers", type=int, default=1, metavar="K",
-                   help="load generator processes, as the article's distributed Locust (default: %(default)s)")
-    p.add_argument("--target-tps", type=positive_float, default=1000.0,
-                   help="size the fleet for this many requests/s (default: %(default)g, the article's)")
-    p.add_argument("--p95-slo-ms", type=positive_float, default=60_000.0,
-                   help="the p95 latency a stage must hold to count as the instance's capacity (default: %(default)g, "
-                   "SageMaker's invocation timeout: the article sized on the load one instance held before errors)")
-    p.add_argument("--in-process", type=non_negative_float, default=20.0, metavar="SECONDS",
-                   help="before the load, run the same text through the packaged tokenizer and the encoder with ONNX "
-                   "Runtime in this process for SECONDS: the report compares the endpoint with it (default: %(default)g; "
-                   "0: skip)")
-    p.add_argument("--repackage", action="store_true", help="package again even if the artifact exists")
-    p.set_defaults(func=run_realtime)
 
 
 def _step(reporter: Reporter, number: int, text: str) -> None:
@@ -113,39 +75,35 @@ def capacity_step(artifact: "PackagedArtifact", memory_limit: int, max_copies: i
                   reporter: Reporter) -> "CapacityReport":
     """How many copies fit under the threshold of ``memory_limit``; the table on stdout and
     the report written under ``out`` as ``mme capacity`` does."""
-    from sizing.capacity import format_table, measure_capacity, write_report
+    from sizing.capacity import measure_capacity
+    from sizing.capacity_report import format_table, write_capacity_report
 
     # the demo's load test sends binary bodies (bench_step) from up to 200 users at once
-    report = measure_capacity(artifact.directory, threshold=THRESHOLD, limit_bytes=memory_limit,
-                              probe_copies=PROBE_COPIES, max_copies=max_copies, reporter=reporter, binary=True)
+    report = measure_capacity(artifact.directory, threshold=DEFAULT_MEMORY_THRESHOLD, limit_bytes=memory_limit,
+                              probe_copies=DEMO_PROBE_COPIES, max_copies=max_copies, reporter=reporter, binary=True)
     print(format_table(report))
-    print(f"written {write_report(report, out)}")
+    print(f"written {write_capacity_report(report, out)}")
     return report
 
 
 def bench_step(endpoint_url: str, artifact: "PackagedArtifact", copies: int, time_scale: float, results: Path,
                run_id: str, quiet: bool) -> Path:
     """The staged load over ``copies`` copies (``mme bench``'s request, its other defaults kept): the run directory."""
-    from bench.request import (BenchRequest, EndpointOptions, LoadOptions, OutputOptions, PayloadOptions,
-                               TargetOptions)
+    from bench.request import (
+        BenchRequest,
+        EndpointOptions,
+        LoadOptions,
+        OutputOptions,
+        PayloadOptions,
+        TargetOptions,
+        run_to_end,
+    )
 
-    return _staged(BenchRequest(endpoint=EndpointOptions(DEMO_ENDPOINT, endpoint_url),
+    return run_to_end(BenchRequest(endpoint=EndpointOptions(DEMO_ENDPOINT, endpoint_url),
                                 targets=TargetOptions(copies=copies),
                                 payload=PayloadOptions(artifact=str(artifact.directory), binary=True),
                                 load=LoadOptions(shape="staged", time_scale=time_scale),
                                 output=OutputOptions(out=str(results), run_id=run_id, quiet=quiet)), quiet)
-
-
-def _staged(request, quiet: bool) -> Path:
-    from bench.request import start_bench
-
-    result = start_bench(request, Reporter(quiet=quiet))
-    if result.stopped_by is not None:
-        raise MmeError(f"the staged load was stopped (signal {result.stopped_by}); what it measured is in {result.run_dir}")
-    if result.code != 0:
-        raise MmeError(f"the staged load ended with exit code {result.code}; see the message above")
-    print(result.run_dir)
-    return result.run_dir
 
 
 def run(args: argparse.Namespace) -> int:
@@ -172,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     # is a child process.
     options = LocalEndpointOptions(models=str(artifact.directory), port=0, copies=copies, server_kind="local",
                                    endpoint_name=DEMO_ENDPOINT, memory_limit_bytes=args.memory_limit,
-                                   memory_threshold=THRESHOLD)
+                                   memory_threshold=DEFAULT_MEMORY_THRESHOLD)
     with LocalEndpoint(options, Reporter(quiet=True)) as endpoint:
         reporter.info(f"  {endpoint.url} (Triton behind it, models load on first request)")
         _step(reporter, 4, f"staged load over the {copies} copies, time scale {args.time_scale} (mme bench)")
@@ -185,45 +143,4 @@ def run(args: argparse.Namespace) -> int:
     print_results(paths)
     print(f"\ndemo done: open {paths.html}")
     print(f"  capacity: {capacity_dir}; artifacts: {artifact.directory}; raw results: {run_dir}")
-    return 0
-
-
-def run_realtime(args: argparse.Namespace) -> int:
-    """The second article's flow: one text model on a real-time endpoint, sized for a target TPS."""
-    from bench.render import in_process_text
-    from bench.report import build_report, print_results
-    from bench.request import (BenchRequest, EndpointOptions, GeneratorOptions, LoadOptions, OutputOptions,
-                               PayloadOptions)
-    from serving.runtime.local_endpoint import LocalEndpoint, LocalEndpointOptions
-
-    if args.workers < 1:
-        raise MmeError(f"--workers must be 1 or more (got {args.workers})")
-    reporter = Reporter(quiet=args.quiet)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    steps = 4
-    reporter.info(f"\n==> [1/{steps}] package {args.model} with its tokenizer (text in) in the cpu-local format")
-    artifact = package_step(args.model, Path(args.out), args.repackage, reporter, with_tokenizer=True)
-    reporter.info(f"\n==> [2/{steps}] start a local real-time endpoint serving it (mme serve --mode single)")
-    options = LocalEndpointOptions(models=str(artifact.directory), port=0, server_kind="local", mode="single",
-                                   endpoint_name=REALTIME_ENDPOINT)
-    with LocalEndpoint(options, Reporter(quiet=True)) as endpoint:
-        reporter.info(f"  {endpoint.url}: {artifact.manifest.model} loaded; requests name no TargetModel")
-        reporter.info(f"\n==> [3/{steps}] staged load, time scale {args.time_scale}, {args.workers} worker(s) "
-                      "(mme bench --mode single)")
-        request = BenchRequest(endpoint=EndpointOptions(REALTIME_ENDPOINT, endpoint.url, mode="single"),
-                               payload=PayloadOptions(artifact=str(artifact.directory)),
-                               load=LoadOptions(shape="staged", time_scale=args.time_scale, in_process=args.in_process),
-                               generators=GeneratorOptions(workers=args.workers),
-                               output=OutputOptions(out=args.results, quiet=args.quiet,
-                                                    run_id=f"demo-realtime-{stamp}-{artifact.manifest.model}"))
-        run_dir = _staged(request, args.quiet)
-    reporter.info(f"\n==> [4/{steps}] report, sized for {args.target_tps:g} TPS with p95 <= {args.p95_slo_ms:g} ms "
-                  "(mme report)")
-    paths = build_report([run_dir], target_tps=args.target_tps, p95_slo_ms=args.p95_slo_ms, reporter=reporter)
-    print_results(paths)
-    summary = paths.report.runs[0].summary
-    if args.in_process:
-        print(f"  in-process on this host: {in_process_text(summary.run.extra.get('in_process'), summary.overall.max_error_free_rps, summary.overall.sustained_rps)}")
-    print(f"\ndemo done: open {paths.html}")
-    print(f"  artifacts: {artifact.directory}; raw results: {run_dir}")
     return 0
