@@ -11,9 +11,13 @@ FORMATS ?= torchscript,onnx,cpu-local
 OUT ?= artifacts
 ARGS ?=
 PYTEST_ARGS ?=
+# make test-integration's parallel workers (pytest-xdist; a test module stays on one worker, so
+# the servers it starts once are shared by its tests). 0 runs them in this process.
+WORKERS ?= 2
+COVERAGE := --cov=mme --cov=packager --cov=serving --cov=sizing --cov=bench --cov-report= --cov-append
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-gpu package serve capacity bench report demo demo-realtime demo-fleet test lint test-gpu bench-package bench-client-cost bench-front bench-cold-start bench-churn bench-crash bench-thrash bench-bomb bench-fleet-instances clean lock
+.PHONY: help install install-gpu package serve capacity bench report demo demo-realtime demo-fleet test test-integration test-all lint test-gpu bench-package bench-client-cost bench-front bench-cold-start bench-churn bench-crash bench-thrash bench-bomb bench-fleet-instances clean lock
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -65,43 +69,48 @@ demo-fleet: $(STAMP) ## a fleet of tiny models on one local MME: package a catal
 demo-realtime: $(STAMP) ## the second article's flow: distilbert on a local real-time endpoint, staged load, report sized for 1000 TPS
 	$(MME) demo-realtime --out $(OUT) $(ARGS)
 
-test: $(STAMP) ## run the test suite (GPU tests are skipped without a GPU)
-	$(BIN)/pytest $(PYTEST_ARGS)
+test: $(STAMP) ## the fast tier, before every commit (a few minutes): logic and components against fakes, no real server
+	$(BIN)/pytest -m "not integration" $(PYTEST_ARGS)
 
-lint: $(STAMP) ## ruff (errors, likely bugs, imports at the top but for heavy libraries), mypy and the layer order (import-linter), as CI runs them
-	$(BIN)/ruff check .
-	$(BIN)/mypy
-	$(BIN)/lint-imports --no-cache
+test-integration: $(STAMP) ## the integration tier: real Triton, moto S3 server, Locust runs and whole mme commands (WORKERS in parallel)
+	$(BIN)/pytest -m integration $(if $(filter-out 0,$(WORKERS)),-n $(WORKERS) --dist loadfile) $(PYTEST_ARGS)
+
+test-all: $(STAMP) ## both tiers, as CI runs them, with line coverage per package (printed; coverage/coverage.json)
+	rm -f .coverage .coverage.*
+	$(MAKE) test PYTEST_ARGS="$(PYTEST_ARGS) $(COVERAGE)"
+	$(BIN)/python .ci/coverage_by_package.py --title "fast tier (make test)"
+	$(MAKE) test-integration PYTEST_ARGS="$(PYTEST_ARGS) $(COVERAGE)"
+	$(BIN)/python .ci/coverage_by_package.py --title "both tiers" --json coverage/coverage.json
 
 test-gpu: $(STAMP) ## run only the GPU-marked tests (on a GPU host, after make install-gpu)
 	$(BIN)/pytest -m gpu $(PYTEST_ARGS)
 
 bench-package: $(STAMP) ## time each packaging stage and the peak memory for MODEL
-	$(BIN)/python tests/benchmarks/bench_package.py $(MODEL) --formats $(FORMATS)
+	$(BIN)/python benchmarks/bench_package.py $(MODEL) --formats $(FORMATS)
 
 bench-client-cost: $(STAMP) ## client CPU per request: boto3 invoke_endpoint vs the fast signed client
-	$(BIN)/python tests/benchmarks/bench_client_cost.py
+	$(BIN)/python benchmarks/bench_client_cost.py
 
 bench-front: $(STAMP) ## the local front's added cost over calling Triton directly
-	$(BIN)/python tests/benchmarks/bench_front.py
+	$(BIN)/python benchmarks/bench_front.py
 
 bench-cold-start: $(STAMP) ## cold start of MODEL on the local MME: download, extract, load, first inference
-	$(BIN)/python tests/benchmarks/bench_cold_start.py $(OUT)/$(MODEL)/cpu-local
+	$(BIN)/python benchmarks/bench_cold_start.py $(OUT)/$(MODEL)/cpu-local
 
 bench-churn: $(STAMP) ## warm latency while other models load, and two cold loads at once, on the local MME
-	$(BIN)/python tests/benchmarks/bench_load_churn.py
+	$(BIN)/python benchmarks/bench_load_churn.py
 
 bench-crash: $(STAMP) ## time to first success after a model worker and then Triton are killed under load, on the local MME
-	$(BIN)/python tests/benchmarks/bench_crash_recovery.py
+	$(BIN)/python benchmarks/bench_crash_recovery.py
 
 bench-thrash: $(STAMP) ## requests/s when 6 copies of MODEL share a memory limit that holds 2, on the local MME
-	$(BIN)/python tests/benchmarks/bench_thrash.py $(OUT)/$(MODEL)/cpu-local
+	$(BIN)/python benchmarks/bench_thrash.py $(OUT)/$(MODEL)/cpu-local
 
 bench-bomb: $(STAMP) ## peak disk written while a gzip bomb under the size cap is refused
-	$(BIN)/python tests/benchmarks/bench_bomb.py
+	$(BIN)/python benchmarks/bench_bomb.py
 
 bench-fleet-instances: $(STAMP) ## the demo fleet on 1, 2, 3 local instances: predicted vs measured hit ratio and instance count
-	$(BIN)/python tests/benchmarks/bench_fleet_instances.py $(ARGS)
+	$(BIN)/python benchmarks/bench_fleet_instances.py $(ARGS)
 
 lock: ## regenerate constraints.txt from a fresh resolve of pyproject.toml
 	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock

@@ -29,7 +29,7 @@ def run_child(command: list[str], reporter: Reporter, extra_env: Mapping[str, st
     cuts its drain short, a third (or ``grace_s`` without an end) kills it. The child has a
     process group of its own, so a terminal's Ctrl-C reaches it once, through here. Returns its
     exit code and the signal that stopped the run, if any."""
-    child = subprocess.Popen(command, env=child_env(extra=extra_env), process_group=0)
+    child = subprocess.Popen(command, env=child_env(extra=extra_env, lifeline=True), process_group=0)
     stopped_by: int | None = None
     signals = 0
     main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers

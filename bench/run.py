@@ -39,6 +39,7 @@ from bench.distributed import setup_logging  # noqa: E402
 from bench.endpoint_snapshots import METRICS_TIMEOUT_S, EndpointSnapshots  # noqa: E402, F401
 from bench.runners import FINALS_TIMEOUT_S, LoadRunners  # noqa: E402, F401
 from bench.shapes import shape_for  # noqa: E402
+from mme.process import die_with_parent  # noqa: E402
 from bench.stage_report import StageReporter, top_errors_line  # noqa: E402
 from bench.users import BenchEnvironment, BenchUser  # noqa: E402
 from bench.warmup import warm_up  # noqa: E402
@@ -294,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.run")
     parser.add_argument("--config", required=True, type=Path)
     args = parser.parse_args(argv)
+    die_with_parent()  # a killed mme bench: SIGTERM (drain, save), then SIGKILL for the whole generator group
     setup_logging("locust")
     config = BenchConfig.read(args.config)
     bench = BenchRun(config)

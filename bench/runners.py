@@ -86,7 +86,7 @@ class LoadRunners:
         self.link = MasterLink(self.environment, runner, config, self._on_failure, self._on_worker_error,
                                token, self._on_refused)
         self.extra["master"] = f"{host}:{port}"
-        env = child_env(extra={TOKEN_ENV: token})  # not on the command line, where 'ps' shows it
+        env = child_env(extra={TOKEN_ENV: token}, lifeline=True)  # not on the command line, where 'ps' shows it
         for _ in range(generators.local_workers):
             self._worker_processes.append(subprocess.Popen(
                 [sys.executable, "-m", "bench.worker", "--master-host", "127.0.0.1", "--master-port", str(port), "--managed"],

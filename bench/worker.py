@@ -20,6 +20,7 @@ import gevent  # noqa: E402
 from bench.config import TOKEN_ENV  # noqa: E402
 from bench.distributed import attach_worker, setup_logging  # noqa: E402
 from bench.users import BenchEnvironment, BenchUser  # noqa: E402
+from mme.process import die_with_parent  # noqa: E402
 
 DEFAULT_MASTER_PORT = 5557
 
@@ -33,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--managed", action="store_true",
                         help="started by a local master: leave Ctrl-C to the master, which stops the run and saves it")
     args = parser.parse_args(argv)
+    die_with_parent()  # started by a generator or 'mme bench-worker' that died: leave too
     setup_logging("bench worker")
     if args.managed:
         signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -15,7 +15,6 @@ failed (0: all packaged or up to date), the exit code of ``mme package --catalog
 
 from __future__ import annotations
 
-import os
 import shlex
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import psutil
 
 from mme.errors import MmeError
 from mme.fsutil import ensure_writable_dir, write_json_atomic
+from mme.process import child_env
 from mme.progress import Reporter
 from packager.catalogue import LOGS_DIR, Catalogue, load_catalogue, up_to_date
 from packager.catalogue_summary import EntryResult, format_rows, write_catalogue_summary
@@ -183,7 +183,7 @@ def _package_here(jobs: int, results: list[EntryResult], pending: list[int], out
                 log.flush()  # for people: the entry by hand (the child itself reads the request file)
                 command = [sys.executable, "-m", CHILD_MODULE, str(files.request), str(files.result)]
                 process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                           env=os.environ | {"PYTHONUNBUFFERED": "1"})
+                                           env=child_env({"PYTHONUNBUFFERED": "1"}, lifeline=True))
                 result.log = str(files.log)
                 running.append(_Job(result, process, log, time.perf_counter(), files))
                 reporter.info(f"  -> {result.entry.name} (entry {result.entry.index}): started "

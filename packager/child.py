@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 
 from mme.errors import MmeError
 from mme.fsutil import write_json_atomic
+from mme.process import die_with_parent
 from mme.progress import Reporter
 from packager.pipeline import package
 from packager.request import PackageRequest
@@ -88,6 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(args) != 2:
         print("usage: python -m packager.child REQUEST.json RESULT.json", file=sys.stderr)
         return 2
+    die_with_parent()  # a killed 'mme package --catalogue' leaves no entry running
     return package_request_file(Path(args[0]), Path(args[1])).exit_code
 
 

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -15,6 +16,12 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+
+from packager.manifest import Manifest
+
+# Fixtures of the AWS-facing commands (moto S3, Stubber clients, the command line in-process),
+# shared by tests/serving/deploy, tests/packager/remote, tests/sizing and tests/mme.
+pytest_plugins = ["tests.aws_fixtures"]
 
 # Tests never reach model hubs: fail fast instead of retrying for half a minute.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -34,7 +41,15 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+# Fixtures that start a real server: a test using one (directly or through another fixture)
+# belongs to the integration tier (make test-integration) whatever its file.
+INTEGRATION_FIXTURES = frozenset({"moto_server", "moto_url", "s3env"})
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
     if _cuda_available():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (run `make test-gpu` on a GPU host)")
@@ -57,6 +72,42 @@ def test_resnet_cpu_local(tmp_path_factory):
     if code != 0:
         pytest.fail(f"mme package test_resnet failed with exit code {code}")
     return out / "test_resnet" / "cpu-local", time.perf_counter() - start
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    directory: Path  # artifacts/test_resnet/cpu-local
+    manifest: Manifest
+
+    @property
+    def tarball(self) -> Path:
+        return self.directory / self.manifest.tarball
+
+    @property
+    def onnx_file(self) -> Path:
+        return self.directory / self.manifest.model / "1" / "model.onnx"
+
+    @property
+    def binary_content_type(self) -> str:
+        return self.manifest.sample_request.binary_content_type
+
+    def sample(self, kind: str) -> bytes:
+        request = self.manifest.sample_request
+        name = {"json": request.json_file, "binary": request.binary_file}[kind]
+        return (self.directory / name).read_bytes()
+
+    def extract(self, destination: Path) -> Path:
+        """The tarball unpacked into ``destination`` (one model directory inside), as SageMaker does."""
+        destination.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(self.tarball) as tar:
+            tar.extractall(destination, filter="data")
+        return destination
+
+
+@pytest.fixture(scope="session")
+def packaged_test_resnet(test_resnet_cpu_local) -> PackagedModel:
+    directory, _ = test_resnet_cpu_local
+    return PackagedModel(directory, Manifest.load(directory))
 
 
 # A real S3-compatible server over HTTP (moto), shared by the store and cloud tests.

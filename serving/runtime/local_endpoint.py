@@ -288,9 +288,6 @@ class LocalEndpoint:
     def start_in_thread(self) -> "LocalEndpoint":
         """Start everything; the HTTP front runs on a daemon thread's event loop."""
         self.server.start()
-        if self.server.swept:
-            self.reporter.warn(f"stopped {len(self.server.swept)} Triton process(es) left running by an earlier mme "
-                               "that was killed (pids " + ", ".join(map(str, self.server.swept)) + ")")
         for notice in self.server.notices:
             self.reporter.warn(notice)
         try:

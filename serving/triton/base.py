@@ -39,7 +39,7 @@ from serving.triton.config import (
     resolve_ports,
 )
 from serving.triton.container import ping_status
-from serving.triton.netns import PrivateNetwork, host_network_warning
+from serving.triton.netns import PrivateNetwork, host_network_warning, supervised
 from serving.triton.processes import (
     INSTANCE_ENV,
     OWNER_ENV,
@@ -47,7 +47,6 @@ from serving.triton.processes import (
     log_tail,
     owner_tag,
     process_group_members,
-    sweep_orphans,
     terminate_group,
     tree_of,
 )
@@ -81,7 +80,6 @@ class TritonServer(abc.ABC):
         self.notices: list[str] = []
         self._notices_done = False
         self._dropped: list[str] = []  # serve arguments this tritonserver lacks (last command())
-        self.swept: list[int] = []  # orphans of earlier runs killed by the last start()
         check_network(self.requested_config.network)
         # Triton in a network namespace of its own, its sockets from a broker (set by start()
         # when this kind and config.network ask for it; kept across restarts).
@@ -207,9 +205,7 @@ class TritonServer(abc.ABC):
         assert log_path is not None  # the work directory exists from here on
         log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = self.command(repository)
-        if self.network is not None:
-            argv = self.network.command(argv)
-        self.swept = sweep_orphans()
+        argv = self.network.command(argv) if self.network is not None else supervised(argv)
         env = {**self._environment(), INSTANCE_ENV: self.instance_id, OWNER_ENV: owner_tag(psutil.Process())}
         if not self._notices_done:
             self.notices.extend(self._startup_notices())
@@ -240,9 +236,10 @@ class TritonServer(abc.ABC):
         self._command_pid = self._launched_pid()
 
     def _launched_pid(self) -> int | None:
-        """The process of :meth:`command`: the broker's one child when isolated, else the one started."""
-        if self._proc is None or self.network is None:
-            return None if self._proc is None else self._proc.pid
+        """The process of :meth:`command`: the broker's one child (the broker is its lifeline,
+        and its socket broker when isolated)."""
+        if self._proc is None:
+            return None
         with contextlib.suppress(psutil.Error):
             children = psutil.Process(self._proc.pid).children()
             if children:
@@ -299,9 +296,8 @@ class TritonServer(abc.ABC):
         for member in process_group_members(self._proc.pid, self.instance_id):
             procs.setdefault(member.pid, member)
         self._known_children.update(procs)
-        # The broker (the group's leader when isolated) is not the server: its memory is not Triton's.
-        broker = self._proc.pid if self.network is not None else None
-        return sorted(pid for pid, proc in procs.items() if alive(proc) and pid != broker)
+        # The broker (the group's leader) is not the server: its memory is not Triton's.
+        return sorted(pid for pid, proc in procs.items() if alive(proc) and pid != self._proc.pid)
 
     def stop(self, *, grace_s: float | None = None) -> None:
         """Stop the server and every process it started; idempotent. ``grace_s`` overrides

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from serving.triton.container_transport import netns_url
 from serving.triton.config import NETWORK_ENV, TritonServerError
+from serving.triton.container_transport import netns_url
 
 BROKER_SCRIPT = Path(__file__).with_name("netns_broker.py")
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes, the terminating NUL included
@@ -94,6 +94,12 @@ def host_network_warning(port: int) -> str:
             "run and unload them; drop --triton-network host to keep it in a private network namespace")
 
 
+def supervised(argv: Sequence[str]) -> list[str]:
+    """``argv`` on this host's network, started by the broker as its lifeline only: it ends the
+    server's process group once this process is gone, however it died."""
+    return [sys.executable, "-I", str(BROKER_SCRIPT), "--host-network", f"--parent={os.getpid()}", "--", *argv]
+
+
 class PrivateNetwork:
     """Triton's ports behind Unix sockets in ``directory``, one per port name."""
 
@@ -110,9 +116,10 @@ class PrivateNetwork:
                                        "set TMPDIR to a shorter directory")
 
     def command(self, argv: Sequence[str]) -> list[str]:
-        """``argv`` run in a new network namespace, started by its socket broker."""
+        """``argv`` run in a new network namespace, started by its socket broker (its lifeline too)."""
         listens = [f"--listen={name}={self.sockets[name]}:{port}" for name, port in self.ports.items()]
-        return [*self.prefix, sys.executable, "-I", str(BROKER_SCRIPT), *listens, "--", *argv]
+        return [*self.prefix, sys.executable, "-I", str(BROKER_SCRIPT), f"--parent={os.getpid()}", *listens,
+                "--", *argv]
 
     def url(self, name: str) -> str:
         return netns_url(self.sockets[name], self.ports[name])

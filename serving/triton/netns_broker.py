@@ -17,7 +17,12 @@ sockets are files, shared across network namespaces: only the user who owns the 
 private work directory (mode 0700; sockets 0600) can ask for one.
 
 It exits when the command does, with its status (or its signal); SIGTERM and SIGINT are
-passed on to the command. Started by :mod:`serving.triton.netns`; clients in
+passed on to the command. It is also the server's lifeline, isolated or not (``--host-network``
+skips the namespace's set-up; every server kind is started through it): with ``--parent PID``
+it watches that process (the mme that started it) and, once it is gone however it died
+(SIGKILL, the OOM killer), ends its own process group, which it leads: SIGTERM, then SIGKILL
+after ``--grace-s``, so tritonserver and its python-backend stubs do not outlive mme. The
+command also gets a parent-death signal from this process, in case this one is killed. Started by :mod:`serving.triton.netns`; clients in
 :mod:`serving.triton.container`. Standard library only, so ``python -I`` runs it with the server's
 environment untouched.
 """
@@ -34,6 +39,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 SIOCGIFFLAGS = 0x8913  # netdevice(7)
@@ -41,6 +47,7 @@ SIOCSIFFLAGS = 0x8914
 IFF_UP = 0x1
 IFREQ = "16sh22x"  # struct ifreq: the name, then ifr_flags in a 40-byte union
 PR_SET_PDEATHSIG = 1  # prctl(2)
+WATCH_INTERVAL_S = 0.25
 
 
 def loopback_up() -> None:
@@ -90,7 +97,36 @@ def _die_with_parent() -> None:
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def run(listens: list[tuple[str, Path, int]], command: list[str]) -> int:
+def end_group(child: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM the command and this process group (when this process leads it), SIGKILL after ``grace_s``."""
+    leader = os.getpgrp() == os.getpid()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if sig == signal.SIGKILL:
+            deadline = time.monotonic() + grace_s
+            while child.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+        try:
+            if leader:  # the command's children (python-backend stubs) are in it too
+                os.killpg(os.getpgrp(), sig)
+            elif child.poll() is None:
+                child.send_signal(sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def watch_parent(parent: int, child: subprocess.Popen, grace_s: float) -> None:
+    """Once ``parent`` is gone (this process re-parented), end the command and its group."""
+    while os.getppid() == parent:
+        time.sleep(WATCH_INTERVAL_S)
+    print(f"netns_broker: mme (pid {parent}) is gone; stopping the server", file=sys.stderr, flush=True)
+    end_group(child, grace_s)
+
+
+def run(listens: list[tuple[str, Path, int]], command: list[str], parent: int | None = None,
+        grace_s: float = 5.0) -> int:
+    if parent is not None and os.getppid() != parent:
+        print(f"netns_broker: mme (pid {parent}) is already gone; not starting the server", file=sys.stderr)
+        return 75
     servers = [(listen(path), port) for _, path, port in listens]
     # Started before any thread: preexec_fn runs between fork and exec.
     child = subprocess.Popen(command, preexec_fn=_die_with_parent)
@@ -103,6 +139,8 @@ def run(listens: list[tuple[str, Path, int]], command: list[str]) -> int:
     signal.signal(signal.SIGINT, pass_on)
     for server, port in servers:
         threading.Thread(target=hand_out, args=(server, port), daemon=True).start()
+    if parent is not None:
+        threading.Thread(target=watch_parent, args=(parent, child, grace_s), daemon=True).start()
     status = child.wait()
     for (server, _), (_, path, _) in zip(servers, listens):
         server.close()
@@ -113,17 +151,24 @@ def run(listens: list[tuple[str, Path, int]], command: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--listen", type=parse_listen, action="append", default=[], metavar="NAME=SOCKET:PORT")
+    parser.add_argument("--parent", type=int, default=None, metavar="PID",
+                        help="end the server (and this process group) once this process is gone")
+    parser.add_argument("--grace-s", type=float, default=5.0,
+                        help="after SIGTERM, how long the server has before SIGKILL when the parent is gone")
+    parser.add_argument("--host-network", action="store_true",
+                        help="not in a namespace of its own: leave the network alone (only a lifeline)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command to run after --")
-    try:
-        loopback_up()
-    except OSError as exc:
-        print(f"netns_broker: cannot bring up the namespace's loopback: {exc}", file=sys.stderr)
-        return 70
-    status = run(args.listen, command)
+    if not args.host_network:
+        try:
+            loopback_up()
+        except OSError as exc:
+            print(f"netns_broker: cannot bring up the namespace's loopback: {exc}", file=sys.stderr)
+            return 70
+    status = run(args.listen, command, args.parent, args.grace_s)
     if status < 0:  # mirror the command's signal, so the parent sees what ended the server
         if -status not in (signal.SIGKILL, signal.SIGSTOP):
             signal.signal(-status, signal.SIG_DFL)

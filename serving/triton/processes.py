@@ -1,11 +1,13 @@
 """The processes of a Triton server: who belongs to it, how its whole process group is
-stopped, orphans of a killed mme swept, and the tail of the server's log (``GET /ping``, the
+stopped, and the tail of the server's log (``GET /ping``, the
 other probe a start waits on, is :func:`serving.triton.container.ping_status`: one home for Triton's HTTP).
 
 Every process a :class:`~serving.triton.base.TritonServer` starts carries
 :data:`INSTANCE_ENV` (that server object) and :data:`OWNER_ENV` (the mme process that started
 it) in its environment, which every child inherits: that is how its python-backend stubs are
-found again, even after the server itself was killed.
+found again, even after the server itself was killed. None outlives the mme that started it:
+the broker every server is started through (``serving/triton/netns_broker.py``) ends the group
+once that mme is gone, however it died.
 """
 
 from __future__ import annotations
@@ -76,35 +78,6 @@ def tree_of(pid: int) -> list[psutil.Process]:
 def owner_tag(proc: psutil.Process) -> str:
     """The :data:`OWNER_ENV` value naming ``proc`` (its pid and creation time)."""
     return f"{proc.pid}:{proc.create_time():.3f}"
-
-
-def _owner_alive(tag: str) -> bool:
-    pid, _, created = tag.partition(":")
-    try:
-        return owner_tag(psutil.Process(int(pid))) == tag
-    except (psutil.Error, ValueError):
-        return False
-
-
-def sweep_orphans() -> list[int]:
-    """Kill Triton servers and workers left by an mme process that died without stopping them
-    (SIGKILL, OOM killer): processes of this user carrying :data:`OWNER_ENV` whose owner is gone.
-    Returns their pids. Run before each start, so a killed ``mme serve`` leaks them only until
-    the next one."""
-    me = os.getuid()
-    orphans = []
-    for proc in psutil.process_iter(["uids"]):
-        with contextlib.suppress(psutil.Error):
-            if proc.info["uids"] is None or proc.info["uids"].real != me:
-                continue
-            tag = proc.environ().get(OWNER_ENV)
-            if tag and not _owner_alive(tag) and alive(proc):
-                orphans.append(proc)
-    for proc in orphans:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    psutil.wait_procs(orphans, timeout=10)
-    return [p.pid for p in orphans]
 
 
 def terminate_group(server: subprocess.Popen, instance_id: str, known: Iterable[psutil.Process], *,

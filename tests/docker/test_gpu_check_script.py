@@ -27,6 +27,7 @@ def run_script(*args: str, env: dict | None = None) -> subprocess.CompletedProce
                           timeout=120, check=False)
 
 
+@pytest.mark.integration
 def test_without_a_gpu_it_says_so_and_exits_4():
     done = run_script()
     assert done.returncode == 4, done.stdout + done.stderr

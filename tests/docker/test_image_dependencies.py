@@ -6,6 +6,8 @@ torch or Triton."""
 
 from __future__ import annotations
 
+import pytest
+
 import importlib.metadata
 import importlib.util
 import os
@@ -20,6 +22,8 @@ from packaging.utils import canonicalize_name
 from tests.docker.conftest import DOCKER_DIR, REPO
 
 OWN_PACKAGES = {"mme", "packager", "serving", "bench", "tests"}
+
+pytestmark = pytest.mark.integration  # real servers or whole commands: make test-integration
 
 
 def requirement_lines(image: str) -> list[str]:

@@ -21,6 +21,8 @@ from serving.triton.system import (
 
 CONFIG = TritonServerConfig(sagemaker_port=8080, http_port=8000, grpc_port=8001, metrics_port=8002)
 
+pytestmark = pytest.mark.integration  # real servers or whole commands: make test-integration
+
 
 def fake_install(root: Path, executable: bool = True) -> Path:
     """``root``/bin/tritonserver and ``root``/backends, the NGC container's layout."""

@@ -30,6 +30,8 @@ from tests.docker.conftest import REPO
 GPU = REPO / "tests" / "gpu"
 DEVICE_LIMIT = 64 << 20  # the device tool's limit on what travels in one call
 
+pytestmark = pytest.mark.integration  # real servers or whole commands: make test-integration
+
 
 def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()

@@ -44,3 +44,72 @@ def test_stop_process_of_a_child_that_already_exited_returns_its_code():
     child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     child.wait()
     assert stop_process(child) == 3
+
+
+# A parent that starts one child with a lifeline, prints the child's pid once the child says it
+# watches (nothing if it does not), then waits to be killed.
+_PARENT = """
+import subprocess, sys, time
+from mme.process import child_env
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1]], env=child_env(lifeline=True), process_group=0,
+                         stdout=subprocess.PIPE, text=True)
+if child.stdout.readline().strip() == "watching":
+    print(child.pid, flush=True)
+else:
+    child.kill()
+    print("the child does not watch", flush=True)
+time.sleep(600)
+"""
+_WATCHING_CHILD = """
+import signal, time
+from functools import partial
+from mme.process import die_with_parent, end_own_group
+if {ignore_term}:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("watching" if die_with_parent(partial(end_own_group, 0.5), interval_s=0.05) else "not watching", flush=True)
+time.sleep(600)
+"""
+
+
+def _orphan_of_a_killed_parent(ignore_term: bool) -> int:
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT, _WATCHING_CHILD.format(ignore_term=ignore_term)],
+                              env=child_env(), stdout=subprocess.PIPE, text=True)
+    try:
+        line = parent.stdout.readline()
+        assert line.strip().isdigit(), line
+        child = int(line)
+    finally:
+        parent.kill()
+        parent.wait(timeout=30)
+    return child
+
+
+def _gone_within(pid: int, timeout_s: float) -> bool:
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return True
+    gone, _ = psutil.wait_procs([process], timeout=timeout_s)
+    if not gone:
+        process.kill()
+    return bool(gone)
+
+
+def test_a_child_with_a_lifeline_ends_once_its_parent_is_sigkilled():
+    assert _gone_within(_orphan_of_a_killed_parent(ignore_term=False), timeout_s=10)
+
+
+def test_a_child_that_ignores_sigterm_is_killed_after_the_grace_period():
+    assert _gone_within(_orphan_of_a_killed_parent(ignore_term=True), timeout_s=10)
+
+
+def test_without_a_named_parent_nothing_is_watched(monkeypatch):
+    from mme.process import PARENT_ENV, die_with_parent
+
+    monkeypatch.delenv(PARENT_ENV, raising=False)
+    assert die_with_parent(lambda: None) is False
+    monkeypatch.setenv(PARENT_ENV, str(os.getpid()))
+    assert PARENT_ENV not in child_env()  # ours is never passed on as the child's
+    assert child_env(lifeline=True)[PARENT_ENV] == str(os.getpid())

@@ -60,6 +60,7 @@ def test_entries_merge_over_defaults_and_relative_weights_resolve_next_to_the_fi
     assert second.slug == "prajjwal1--bert-tiny"
 
 
+@pytest.mark.integration
 def test_eight_models_package_with_two_jobs_then_resume_and_one_failure_does_not_stop_the_rest(tmp_path, capsys):
     out = tmp_path / "artifacts"
     broken = '[[model]]\nname = "test_vit3"\natol = 1e-30\n'  # validation cannot pass: fails in its own process

@@ -3,6 +3,8 @@ reads the result, never the entry's log (which stays for people)."""
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import subprocess
 import sys
@@ -16,6 +18,7 @@ from packager.request import PackageRequest
 from tests.packager.decoy_child import REASON
 
 
+@pytest.mark.integration
 def test_the_child_writes_the_failures_reason_and_type_to_its_result_file(tmp_path):
     request = PackageRequest(ModelRequest("test_resnet", weights="random"), ("onnx",), tmp_path / "out", atol=1e-30,
                              rtol=0.0)

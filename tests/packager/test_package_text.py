@@ -92,6 +92,7 @@ def test_builtin_configs_match_the_published_models(name, params):
     assert sum(p.numel() for p in model.parameters()) == params
 
 
+@pytest.mark.integration
 def test_named_model_packages_without_the_hub(tmp_path, capsys):
     """distilbert-base-uncased from its configuration built in code, random weights."""
     assert "distilbert-base-uncased" in BUILTIN_CONFIGS

@@ -55,6 +55,7 @@ def test_what_a_fleet_cannot_do_is_refused_in_one_line(tmp_path, options, messag
         LocalFleet(LocalEndpointOptions(models=str(tmp_path)), 0)
 
 
+@pytest.mark.integration
 def test_two_instances_serve_each_model_where_it_is_loaded(packaged_test_resnet, tmp_path):
     models = tmp_path / "models"
     models.mkdir()

@@ -95,7 +95,7 @@ def test_while_a_load_is_in_flight_a_stalled_request_is_sent_again_and_the_first
 
     status, body, elapsed, hedged = run(main())
     assert status == 200 and b'"n": 2' in body  # the second copy answered
-    assert hedged == 1 and elapsed < 1.0
+    assert hedged == 1 and elapsed < 5.0  # the answer did not wait for the stalled copy's 5 s timeout
 
 
 def test_when_every_copy_fails_the_failure_is_raised():
@@ -137,6 +137,6 @@ def test_the_slower_copy_runs_to_its_answer_and_keeps_the_target_outstanding():
         return status, body, answered, outstanding_after_answer, [(t, at - started) for t, at in idle], container.seen
 
     status, body, answered, outstanding, idle, seen = run(main())
-    assert status == 200 and b'"n": 2' in body and answered < 1.0
+    assert status == 200 and b'"n": 2' in body and answered < 3.0  # not the stalled copy's 3 s
     assert outstanding == 1  # the first copy still runs in the container
     assert seen == 2 and len(idle) == 1 and idle[0][0] == "m.tar.gz" and idle[0][1] >= 2.5

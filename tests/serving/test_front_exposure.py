@@ -126,6 +126,7 @@ def _invoke(client, target: str = "echo.tar.gz"):
                                   Body=echo_request())
 
 
+@pytest.mark.integration
 def test_requests_signed_with_the_configured_key_are_answered(signed_endpoint):
     client = runtime(signed_endpoint.url)
     for target in ("echo.tar.gz", NESTED):
@@ -140,6 +141,7 @@ def test_requests_signed_with_the_configured_key_are_answered(signed_endpoint):
     assert "python-backend" not in signed_endpoint.reporter.stream.getvalue()
 
 
+@pytest.mark.integration
 def test_a_request_signed_with_another_key_is_refused_as_aws_refuses_it(signed_endpoint):
     with pytest.raises(ClientError) as info:
         _invoke(runtime(signed_endpoint.url, key="AKIDSOMEONEELSE", secret=SECRET))
@@ -148,6 +150,7 @@ def test_a_request_signed_with_another_key_is_refused_as_aws_refuses_it(signed_e
     assert error["Error"] == {"Code": "UnrecognizedClientException", "Message": sigv4.INVALID_TOKEN}
 
 
+@pytest.mark.integration
 def test_the_right_key_with_a_wrong_secret_is_an_invalid_signature(signed_endpoint):
     with pytest.raises(ClientError) as info:
         _invoke(runtime(signed_endpoint.url, secret="not-the-secret"))
@@ -156,6 +159,7 @@ def test_the_right_key_with_a_wrong_secret_is_an_invalid_signature(signed_endpoi
     assert error["Error"] == {"Code": "InvalidSignatureException", "Message": sigv4.SIGNATURE_MISMATCH}
 
 
+@pytest.mark.integration
 def test_unsigned_requests_still_get_missing_authentication_token(signed_endpoint):
     reply = requests.post(f"{signed_endpoint.url}/endpoints/local/invocations", data=echo_request(), timeout=30,
                           headers={"Content-Type": "application/json", "X-Amzn-SageMaker-Target-Model": "echo.tar.gz"})
@@ -170,6 +174,7 @@ def _signed_headers(url: str, body: bytes) -> dict[str, str]:
     return dict(request.headers.items())
 
 
+@pytest.mark.integration
 def test_the_signature_covers_the_body_and_presigned_urls_are_refused(signed_endpoint):
     url = f"{signed_endpoint.url}/endpoints/local/invocations"
     headers = _signed_headers(url, echo_request())

@@ -18,6 +18,8 @@ from mme.progress import Reporter
 from serving.runtime.local_endpoint import LocalEndpoint, LocalEndpointOptions
 from tests.serving.conftest import decode_kserve, header_size_of
 
+pytestmark = pytest.mark.integration  # real servers or whole commands: make test-integration
+
 
 def client(url: str):
     return boto3.client("sagemaker-runtime", endpoint_url=url, region_name="us-east-1",

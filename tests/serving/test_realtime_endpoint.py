@@ -24,6 +24,8 @@ from serving.models.repository import prepare_repository
 from serving.triton.config import TritonServerConfig
 from serving.triton.sagemaker_serve import DEFAULT_MODEL_ENV, sagemaker_environment, serve_arguments
 
+pytestmark = pytest.mark.integration  # real servers or whole commands: make test-integration
+
 
 def client(url: str):
     return boto3.client("sagemaker-runtime", endpoint_url=url, region_name="us-east-1",

@@ -30,6 +30,8 @@ from tests.serving.conftest import decode_kserve, header_size_of
 HARD_TARGET = "dir/a+b.tar.gz"
 SPACE_TARGET = "dir/a b.tar.gz"
 
+pytestmark = pytest.mark.integration  # real servers or whole commands: make test-integration
+
 
 @pytest.fixture(scope="module")
 def endpoint(packaged_test_resnet, tmp_path_factory):

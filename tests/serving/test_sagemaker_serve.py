@@ -32,6 +32,8 @@ i=0
 while [ "$i" -lt "${FAKE_GPUS:-0}" ]; do echo "GPU $i: NVIDIA H200 (UUID: GPU-0000000$i)"; i=$((i+1)); done
 """
 
+pytestmark = pytest.mark.integration  # real servers or whole commands: make test-integration
+
 
 @dataclass(frozen=True)
 class ScriptRun:

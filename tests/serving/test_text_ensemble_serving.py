@@ -22,6 +22,8 @@ from tests.serving.conftest import decode_kserve, header_size_of
 
 MODEL = "prajjwal1/bert-tiny"
 
+pytestmark = pytest.mark.integration  # real servers or whole commands: make test-integration
+
 
 def client(url: str):
     return boto3.client("sagemaker-runtime", endpoint_url=url, region_name="us-east-1",

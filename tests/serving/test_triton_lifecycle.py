@@ -57,7 +57,7 @@ def _ours(server: StandIn) -> list[psutil.Process]:
 def test_start_waits_for_ping_and_stop_ends_the_whole_group() -> None:
     server = StandIn(PINGS, startup_timeout_s=20.0)
     with server:
-        assert server.is_running() and server.startup_s is not None and server.startup_s < 20
+        assert server.is_running() and server.startup_s is not None and server.startup_s > 0
         deadline = time.monotonic() + 10
         while len(server.pids()) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)

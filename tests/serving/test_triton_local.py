@@ -28,6 +28,8 @@ from tests.serving.conftest import STARTUP_TIMEOUT_S, decode_kserve, header_size
 MODEL_NAME = "test-resnet-v1.tar.gz"
 MIB = 1 << 20
 
+pytestmark = pytest.mark.integration  # real servers or whole commands: make test-integration
+
 
 def new_server(**overrides) -> LocalTritonServer:
     fields = {"sagemaker_port": 0, "startup_timeout_s": STARTUP_TIMEOUT_S, "stop_grace_s": 10.0, **overrides}

@@ -23,6 +23,8 @@ from serving.triton.local import (
 
 VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 
+pytestmark = pytest.mark.integration  # real servers or whole commands: make test-integration
+
 
 def fake_distribution(root: Path) -> TritonDistribution:
     dist = TritonDistribution(root=root / "pytriton" / "tritonserver", libs=root / "nvidia_pytriton.libs")

@@ -37,6 +37,8 @@ ROOT = Path(__file__).resolve().parents[2]
 ISOLATION = namespace_support()
 needs_namespaces = pytest.mark.skipif(not ISOLATION.available, reason=f"no network namespaces here: {ISOLATION.problem}")
 
+pytestmark = pytest.mark.integration  # real servers or whole commands: make test-integration
+
 
 def _serve_command(models: Path, port: int, *extra: str) -> list[str]:
     return [sys.executable, "-m", "mme", "serve", "--models", str(models), "--port", str(port), "--server", "local",

@@ -1,0 +1,94 @@
+"""`mme demo` chains package, capacity, serve, bench and report: a small, fast version."""
+
+from __future__ import annotations
+
+import pytest
+
+import csv
+import json
+from pathlib import Path
+
+from mme.cli import main
+
+pytestmark = pytest.mark.integration  # real servers or whole commands: make test-integration
+
+
+def test_demo_end_to_end(tmp_path, capsys):
+    code = main(["demo", "--model", "test_resnet", "--out", str(tmp_path / "artifacts"), "--results",
+                 str(tmp_path / "results"), "--memory-limit", "300M", "--time-scale", "0.03", "--max-copies", "4"])
+    out = capsys.readouterr().out
+    assert code == 0
+    html = next((tmp_path / "results").glob("demo-*-test_resnet/report.html"))
+    run_dir = html.parent
+    assert f"open {html}" in out
+    text = html.read_text()
+    assert text.count("data:image/png;base64,") >= 2  # latency/throughput and endpoint model charts
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert len(summary["stages"]) == 11  # the article's staged shape, time-compressed
+    capacity = json.loads((run_dir / "capacity.json").read_text())
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["copies"] == min(4, capacity["actual_copies"])
+    # copies counted as they are while serving: served under the same limit, they stay under it
+    assert capacity["counted"] == "loaded" and capacity["limit_bytes"] == 300 * 2**20
+    peak = max(s["memory_utilization"] for s in summary["stages"] if s["memory_utilization"] is not None)
+    assert 0 < peak <= 100, peak
+    assert summary["overall"]["failures"] == 0
+    assert (run_dir / "latency_throughput.png").stat().st_size > 10_000
+
+
+def test_demo_realtime_end_to_end(tmp_path, capsys):
+    """The second article's flow: package, a real-time endpoint (no TargetModel), staged load,
+    the report with the per-level table and the instances for a target TPS at 60% and 70%."""
+    code = main(["demo-realtime", "--model", "prajjwal1/bert-tiny", "--out", str(tmp_path / "artifacts"), "--results",
+                 str(tmp_path / "results"), "--time-scale", "0.03", "--target-tps", "500", "--p95-slo-ms", "5000",
+                 "--in-process", "2"])
+    out = capsys.readouterr().out
+    assert code == 0
+    markdown = next((tmp_path / "results").glob("demo-realtime-*-prajjwal1--bert-tiny/report.md"))
+    run_dir = markdown.parent
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["mode"] == "single" and run["copies"] == 0
+    # text in: the packaged tokenizer's ensemble, sent the article's sentence
+    assert run["content_type"] == "application/json" and run["extra"]["payload_source"].endswith("sample_request.json")
+    sample = json.loads(Path(run["extra"]["payload_source"]).read_text())
+    assert sample["inputs"][0]["datatype"] == "BYTES" and sample["inputs"][0]["data"] == ["I am super happy right now."]
+    baseline = run["extra"]["in_process"]
+    assert baseline["pipeline"] == "packaged tokenizer + encoder" and baseline["requests"] > 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert len(summary["stages"]) == 11 and summary["overall"]["failures"] == 0
+    text = markdown.read_text()
+    assert "## Sizing: 500 TPS with p95 <= 5000 ms" in text
+    table = [line for line in text.split("## Sizing", 1)[1].splitlines() if line.startswith("|")]
+    row = table[2]  # header, separator, the run's row
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    at60, at70 = int(cells[4]), int(cells[5])
+    assert at60 >= at70 >= 1  # more headroom, more instances
+    assert f"{baseline['requests_per_s']:.2f} requests/s" in text and "of it" in text
+    assert f"open {run_dir / 'report.html'}" in out
+
+
+def test_demo_fleet_puts_the_predicted_hit_ratio_next_to_the_measured_one(tmp_path, capsys):
+    """A catalogue packaged with two jobs, measured, its run predicted, served under a limit that
+    holds part of it, the mix sent open loop, and the report's per-model table."""
+    code = main(["demo-fleet", "--models", "test_resnet,test_vit,test_convnext", "--memory-limit", "330M",
+                 "--rps", "3", "--duration", "25", "--out", str(tmp_path / "artifacts"),
+                 "--results", str(tmp_path / "results")])
+    out = capsys.readouterr().out
+    assert code == 0
+    run_dir = next((tmp_path / "results").glob("demo-fleet-*-run"))
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["extra"]["mix"]["targets"] == ["test_resnet.tar.gz", "test_vit.tar.gz", "test_convnext.tar.gz"]
+    plan = json.loads((run_dir / "fleet-plan.json").read_text())
+    predicted = {m["target"]: m["hit_ratio"] for m in plan["plans"][0]["simulation"]["models"]}
+    rows = {row["target"]: row for row in csv.DictReader((run_dir / "per_model.csv").open())}
+    assert set(rows) == set(predicted)
+    assert sum(int(r["requests"]) for r in rows.values()) > 30
+    assert int(rows["test_resnet.tar.gz"]["requests"]) > int(rows["test_convnext.tar.gz"]["requests"])  # Zipf
+    for target, row in rows.items():
+        assert row["hit_ratio"] != "" and 0.0 <= float(row["hit_ratio"]) <= 1.0
+        assert float(row["predicted_hit_ratio"]) == round(predicted[target], 4)
+    text = (run_dir / "report.md").read_text()
+    assert "### Per model" in text and "predicted hit ratio" in text
+    assert "overall: measured" in out and "predicted" in out
+    summary = json.loads((tmp_path / "artifacts" / "catalogue-summary.json").read_text())
+    assert summary["jobs"] == 2 and summary["counts"]["packaged"] == 3
