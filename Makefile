@@ -82,6 +82,11 @@ test-all: $(STAMP) ## both tiers, as CI runs them, with line coverage per packag
 	$(MAKE) test-integration PYTEST_ARGS="$(PYTEST_ARGS) $(COVERAGE)"
 	$(BIN)/python .ci/coverage_by_package.py --title "both tiers" --json coverage/coverage.json
 
+lint: $(STAMP) ## ruff (errors, likely bugs, imports at the top but for heavy libraries), mypy and the layer order (import-linter), as CI runs them
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
+
 test-gpu: $(STAMP) ## run only the GPU-marked tests (on a GPU host, after make install-gpu)
 	$(BIN)/pytest -m gpu $(PYTEST_ARGS)
 
