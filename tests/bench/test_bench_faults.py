@@ -91,7 +91,11 @@ def test_ctrl_c_and_sigterm_stop_the_generator_and_save_what_was_measured(tmp_pa
                                                  "--out", str(tmp_path)),
                                    cwd=ROOT, env=bench_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            time.sleep(3.0)
+            # The generator sets its handlers before its first request: wait for load, not a clock.
+            deadline = time.monotonic() + 60
+            while endpoint.state.requests < 5:
+                assert process.poll() is None and time.monotonic() < deadline, "mme bench never sent load"
+                time.sleep(0.05)
             started = time.monotonic()
             process.send_signal(sig)
             out, err = process.communicate(timeout=30)
