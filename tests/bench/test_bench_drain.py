@@ -82,7 +82,10 @@ def test_ctrl_c_drains_then_a_second_one_cuts_the_drain_short_and_records_the_cu
                                                         "--duration", "60")),
                                    cwd=ROOT, env=bench_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            time.sleep(4.0)
+            deadline = time.monotonic() + 60  # load under way: the generator's handlers are set
+            while endpoint.state.requests < 8:
+                assert process.poll() is None and time.monotonic() < deadline, "mme bench never sent load"
+                time.sleep(0.05)
             process.send_signal(signal.SIGINT)  # drains: every request in flight answers (at most 1 s)
             out, err = process.communicate(timeout=60)
             served = endpoint.state.answered
