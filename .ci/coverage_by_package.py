@@ -5,7 +5,9 @@ table; with --json, the per-package and per-module figures written there too.
 
 Packages are the product's stages (mme, packager, serving, sizing, bench) and their
 sub-packages one level down (serving/runtime, bench/gpu_check, ...). Modules no test imported
-count with all their lines missed.
+count with all their lines missed. Python children the tests start are measured too
+(pyproject's [tool.coverage.run] patch = ["subprocess"]), except what runs inside Triton's
+python-backend stubs and the broker (``python -I``), which coverage cannot reach.
 """
 
 from __future__ import annotations
