@@ -42,7 +42,7 @@ from bench.in_process import check_in_process_artifact, measure_in_process
 from bench.mix import build_mix
 from bench.results import REQUESTS_FILE
 from bench.stages import build_load_plan
-from bench.targets import parse_distribution, resolve_targets
+from bench.targets import parse_distribution, resolve_targets, served_renumbering
 from mme.errors import MmeError, OutputDirError, UsageError
 from mme.progress import Reporter
 
@@ -174,7 +174,8 @@ class BenchResult:
         return (self.run_dir / REQUESTS_FILE).exists()
 
 
-def build_bench_config(request: BenchRequest, run_id: str, run_dir: Path) -> BenchConfig:
+def build_bench_config(request: BenchRequest, run_id: str, run_dir: Path,
+                       reporter: Reporter | None = None) -> BenchConfig:
     """The generator's configuration, every option checked (UsageError names the one to fix)."""
     e, t, p, load = request.endpoint, request.targets, request.payload, request.load
     mix = _mix(request)
@@ -239,6 +240,9 @@ def build_bench_config(request: BenchRequest, run_id: str, run_dir: Path) -> Ben
     elif e.mode == "multi" and model:  # checked above: a multi-model bench has a model name
         served = fetch_targets(address.url) if address.custom_url else None
         targets = resolve_targets(model, t.copies, t.template, served, f"the endpoint at {address.url}")
+        renumbered = served_renumbering(model, served, f"the endpoint at {address.url}")
+        if renumbered and reporter is not None:
+            reporter.warn(renumbered)
 
     o, c, s = request.output, request.client, request.stops
     return BenchConfig(
@@ -326,7 +330,7 @@ def _make_run_dir(out: Path, run_id: str, explicit: bool) -> tuple[str, Path]:
 def start_bench(request: BenchRequest, reporter: Reporter) -> BenchResult:
     """Check ``request``, make its run directory and run the load generator to its end."""
     # Everything is checked before the run directory exists: nothing is created for a run that cannot start.
-    config = build_bench_config(request, "", Path())
+    config = build_bench_config(request, "", Path(), reporter)
     artifact, seconds = request.payload.artifact, request.load.in_process
     if seconds and artifact:
         config = replace(config, in_process=measure_in_process(Path(artifact), seconds, reporter))

@@ -9,7 +9,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 
 from mme.errors import UsageError
-from serving.models.copies import parse_copy_name
+from serving.models.copies import copy_indices, parse_copy_name, renumbering_note
 
 # serving.models.copies.copy_name's naming: what `mme serve --copies N` answers for.
 DEFAULT_TEMPLATE = "{model}-v{i}.tar.gz"
@@ -41,13 +41,13 @@ def parse_distribution(text: str) -> Distribution:
 
 
 def target_names(model: str, copies: int, template: str = DEFAULT_TEMPLATE) -> tuple[str, ...]:
-    """The N target names, copy 1 first (the hottest under Zipf)."""
+    """The N target names (``{i}`` from 0, as the article's tools number copies), the first the hottest under Zipf."""
     if copies < 1:
         raise UsageError(f"--copies must be at least 1 for a multi-model endpoint (got {copies})")
     if copies > 1 and "{i}" not in template:
         raise UsageError(f"--target-template {template!r} has no {{i}}: all {copies} copies would get the same name")
     try:
-        names = tuple(template.format(model=model, i=i) for i in range(1, copies + 1))
+        names = tuple(template.format(model=model, i=i) for i in copy_indices(copies))
     except (KeyError, IndexError, ValueError) as exc:
         raise UsageError(f"--target-template {template!r} may use only {{model}} and {{i}} ({exc})") from None
     for name in names:
@@ -66,7 +66,7 @@ def _shown(names: tuple[str, ...] | list[str]) -> str:
 
 def served_copies(model: str, served: tuple[str, ...]) -> tuple[str, ...]:
     """The copies of ``model`` among the targets an endpoint serves (``mme serve --copies N``'s
-    names, serving.models.copies), copy 1 first."""
+    names, serving.models.copies), the lowest index first."""
     parsed = [(c.index, name) for name in served if (c := parse_copy_name(name)) is not None and c.stem == model]
     return tuple(name for _, name in sorted(parsed))
 
@@ -93,6 +93,14 @@ def resolve_targets(model: str, copies: int | None, template: str | None, served
             raise UsageError(f"{where} does not serve {_shown(missing)} (it answers for {_shown(served)}); {fix}, "
                              f"or start mme serve with --copies {len(names)}")
     return names
+
+
+def served_renumbering(model: str, served: tuple[str, ...] | None, where: str) -> str | None:
+    """A one-line warning when the endpoint serves ``model``'s copies numbered from 1."""
+    if served is None:
+        return None
+    indices = frozenset(c.index for n in served if (c := parse_copy_name(n)) is not None and c.stem == model)
+    return renumbering_note(model, indices, where)
 
 
 class TargetPicker:

@@ -33,7 +33,7 @@ from mme.errors import MmeError, UsageError
 from mme.progress import Reporter
 from packager.manifest import Manifest, artifact_directories, is_artifact_directory
 from serving.models.cache_entries import cache_key
-from serving.models.copies import CopiesSource, copy_name
+from serving.models.copies import CopiesSource, copy_index, copy_name
 from serving.models.store import LocalDirSource
 from serving.monitor.memory import choose_meter
 from serving.runtime.startup_checks import check_server_runs
@@ -168,7 +168,7 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
             readings = Readings(manifest.model, manifest.format, meter.description, limit, threshold, baseline)
 
             def load_next() -> CapacityStep:
-                target = copy_name(tarball, len(readings.steps) + 1)
+                target = copy_name(tarball, copy_index(len(readings.steps) + 1))
                 seconds, name = load(target)
                 rest = used()
                 warm(name, target)
@@ -188,7 +188,7 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
             first = load_next()  # one copy is needed to measure anything
             # the endpoint's requests in flight, counted once: measured on the first copy, before
             # the other probes, so that they too are loaded only where they fit with it
-            first_name = copy_name(tarball, first.copies)
+            first_name = copy_name(tarball, copy_index(first.copies))
             with ThreadPoolExecutor(concurrency) as pool:
                 for result in pool.map(lambda _: burst_client().invoke(
                         cache_key(first_name), in_flight_body.body, in_flight_body.content_type, target=first_name),
@@ -253,7 +253,7 @@ def _time_unload(control, meter, target: str, footprint: int) -> float:
 
 
 def _leak_check(control, cache, server, tarball, loaded, cycles, used, reporter) -> dict:
-    target = copy_name(tarball, loaded + 1)
+    target = copy_name(tarball, copy_index(loaded + 1))
     cached = cache.fetch(target)
     start = used()
     readings = []

@@ -42,7 +42,7 @@ from packager.manifest import Manifest
 from packager.model_config import mc
 from packager.triton_config import to_text, write_config
 from serving.deploy.s3push import Artifact, execute_push, load_artifact, plan_push
-from serving.models.copies import copy_name
+from serving.models.copies import copy_indices, copy_name
 from serving.monitor.memory import DEFAULT_MEMORY_THRESHOLD
 from sizing.capacity_report import CapacityReport, CopyCost, Readings, build_capacity_report
 
@@ -229,7 +229,7 @@ def measure_remote_capacity(s3: Any, invoker: EndpointInvoker, request: RemoteCa
     copied: list[str] = []
     reused: list[str] = []
     stopped = "max-copies"
-    for index in range(1, request.max_copies + 1):
+    for count, index in enumerate(copy_indices(request.max_copies), start=1):
         key, made = _ensure_copy(s3, artifact, dest, plan.base_key, base_etag, index, settings)
         (copied if made else reused).append(key)
         started = time.perf_counter()
@@ -238,12 +238,12 @@ def measure_remote_capacity(s3: Any, invoker: EndpointInvoker, request: RemoteCa
         time.sleep(request.settle_seconds)
         reading = invoker.memory()
         step = readings.record(reading.used_bytes, seconds)
-        reporter.info(f"  copy {index:>3}: {reading.used_bytes / MIB:8.0f} MiB (+{step.delta_bytes / MIB:.0f} MiB, "
+        reporter.info(f"  copy {count:>3}: {reading.used_bytes / MIB:8.0f} MiB (+{step.delta_bytes / MIB:.0f} MiB, "
                       f"{'copied' if made else 'in S3'}, first request {seconds:.2f} s, {reading.utilization:.1%} used)")
         if step.delta_bytes < 0:
-            reporter.warn(f"memory fell after copy {index}: the endpoint may have unloaded models (its own threshold)")
+            reporter.warn(f"memory fell after copy {count}: the endpoint may have unloaded models (its own threshold)")
         elif step.delta_bytes < PRELOADED_BYTES:
-            reporter.warn(f"copy {index} added almost nothing: it was probably loaded already (an earlier run); "
+            reporter.warn(f"copy {count} added almost nothing: it was probably loaded already (an earlier run); "
                           "its footprint is left out; a fresh endpoint or an unused --s3 prefix gives clean figures")
         if reading.used_bytes >= readings.budget_bytes:
             stopped = "threshold"

@@ -28,7 +28,7 @@ def register(subparsers: Any) -> None:
 _TEXT = {
     "push": (
         "upload an artifact's MME tarball (and N copies, server-side) to an S3 prefix",
-        "Upload <name>.tar.gz once, make <name>-v1..vN.tar.gz by server-side copy, skip objects whose "
+        "Upload <name>.tar.gz once, make <name>-v0..v{N-1}.tar.gz by server-side copy, skip objects whose "
         "sha256 metadata already matches, verify every write. Refuses random-weight artifacts unless allowed.",
     ),
     "deploy": (
@@ -104,7 +104,7 @@ def register_push(subparsers: Any) -> None:
     p.add_argument("--out", type=Path, default=Path("artifacts"),
                    help="with --catalogue: where it was packaged (default: %(default)s)")
     p.add_argument("--s3", required=True, metavar="URI", help="destination prefix, s3://bucket/prefix")
-    p.add_argument("--copies", type=int, default=0, metavar="N", help="also make <name>-v1..vN.tar.gz (default: 0)")
+    p.add_argument("--copies", type=int, default=0, metavar="N", help="also make <name>-v0..v{N-1}.tar.gz (default: 0)")
     p.add_argument("--dry-run", action="store_true", help="print what would be uploaded, copied and skipped; write nothing")
     p.add_argument("--allow-random-weights", action="store_true", help="push an artifact packaged with random weights (load tests)")
     p.add_argument("--instance-type", help="check the artifact loads on this instance type's GPU (TensorRT plans: "
@@ -191,7 +191,7 @@ def deploy_command(args: argparse.Namespace) -> int:
     from mme.aws.session import connect
     from mme.aws.state import DeploymentStore
     from serving.deploy import endpoint as deploy
-    from serving.models.copies import copy_name
+    from serving.models.copies import FIRST_COPY, copy_name
 
     request = deploy.DeployRequest(
         s3=args.s3, instance_type=args.instance_type, role_arn=args.role, mode=args.mode, image_uri=args.image_uri,
@@ -210,7 +210,7 @@ def deploy_command(args: argparse.Namespace) -> int:
     state = deploy.run_deploy(plan, aws.client("sagemaker"), store, reporter, wait=args.wait,
                               timeout_s=args.timeout, poll_s=args.poll_interval)
     print(f"endpoint {plan.endpoint}: {state.status} ({plan.region}, {plan.instance_type}); state in {store.path(plan.endpoint)}")
-    target = f"TargetModel='{copy_name('<name>', 1)}', " if plan.mode == "multi" else ""
+    target = f"TargetModel='{copy_name('<name>', FIRST_COPY)}', " if plan.mode == "multi" else ""
     print(f"  invoke: boto3.client('sagemaker-runtime', region_name='{plan.region}').invoke_endpoint("
           f"EndpointName='{plan.endpoint}', {target}ContentType='application/json', Body=...)")
     print(f"  it is billed while it exists: mme delete --endpoint {plan.endpoint} [--delete-s3]")

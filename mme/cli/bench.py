@@ -53,7 +53,7 @@ def register_bench(subparsers) -> None:
                         help="multi: a TargetModel per request (MME); single: a real-time endpoint (default: multi)")
     target.add_argument("--model", help="model name in the target names (default: the artifact's)")
     target.add_argument("--copies", type=positive_int, default=DEFAULTS.targets.copies, metavar="N",
-                        help="spread requests over <model>-v1..vN.tar.gz (default: the copies a local 'mme serve' "
+                        help="spread requests over <model>-v0..v{N-1}.tar.gz (default: the copies a local 'mme serve' "
                         "answers for, else its <model>.tar.gz; 1 elsewhere)")
     target.add_argument("--distribution", default=DEFAULTS.targets.distribution, metavar="uniform|zipf:S",
                         help="how targets are picked: uniform, or Zipf-skewed toward v1 (e.g. zipf:1.1; default: %(default)s)")

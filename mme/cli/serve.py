@@ -54,7 +54,7 @@ def register(subparsers) -> None:
                    help="evict above this share of the limit (default: %(default)s)")
     p.add_argument("--memory-limit", type=byte_size, help="memory the models may use, e.g. 4G (default: GPU memory, or host RAM)")
     p.add_argument("--copies", type=int, default=0, metavar="N",
-                   help="also answer for <name>-v1..vN.tar.gz from <name>.tar.gz (no duplicate files)")
+                   help="also answer for <name>-v0..v{N-1}.tar.gz from <name>.tar.gz (no duplicate files)")
     p.add_argument("--instances", type=positive_int, default=1, metavar="N",
                    help="run the endpoint on N instances, each a local MME with its own Triton and --memory-limit, "
                    "behind a router that sends a model's requests to an instance holding it, else to a random one "

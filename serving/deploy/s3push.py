@@ -1,7 +1,7 @@
 """``mme push``: put an artifact's MME tarball and its copies under an S3 prefix.
 
 The tarball is uploaded once (multipart above a threshold, with a progress line); the
-copies ``<name>-v1..vN.tar.gz`` (named like ``serving.models.copies``) are made by server-side
+copies ``<name>-v0..v{N-1}.tar.gz`` (named like ``serving.models.copies``) are made by server-side
 copy, so no byte is sent twice. Each object carries the tarball's sha256 in its metadata
 (``x-amz-meta-sha256``): an object whose size and sha256 already match is skipped, so a
 second push writes nothing and a changed artifact re-uploads. Every write is checked
@@ -29,7 +29,7 @@ from mme.versions import require_sagemaker_image
 from packager.compat import EngineFacts, check_artifact, compat_warnings
 from packager.formats import format_of
 from packager.manifest import Manifest
-from serving.models.copies import copy_name, parse_copy_name
+from serving.models.copies import copy_indices, copy_name, parse_copy_name, renumbering_note
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,7 @@ class PushPlan:
     base_key: str
     actions: tuple[Action, ...]
     stale: tuple[str, ...] = ()  # copies beyond --copies left from an earlier push
+    renumbering: str | None = None  # the prefix holds copies numbered from 1 (before mme numbered from 0)
 
     def count(self, kind: str) -> int:
         return sum(1 for a in self.actions if a.kind == kind)
@@ -172,29 +173,34 @@ def plan_push(s3: Any, artifact: Artifact, destination: S3Uri, copies: int) -> P
         actions = [Action("skip", base_key, "unchanged")]
     else:
         actions = [Action("upload", base_key, "changed" if base_reply else "new")]
-    for index in range(1, copies + 1):
+    for index in copy_indices(copies):
         key = destination.key(copy_name(base_name, index))
         reply = head(s3, destination.bucket, key)
         if matches(reply, artifact.sha256, artifact.size):
             actions.append(Action("skip", key, "unchanged"))
         else:
             actions.append(Action("copy", key, "changed" if reply else "new", source_key=base_key))
-    return PushPlan(artifact, destination, base_key, tuple(actions), _stale_copies(s3, destination, base_name, copies))
-
-
-def _stale_copies(s3: Any, destination: S3Uri, base_name: str, copies: int) -> tuple[str, ...]:
+    existing = _existing_copies(s3, destination, base_name)
     stem = base_name[: -len(".tar.gz")] if base_name.endswith(".tar.gz") else base_name
-    stale = []
+    stale = tuple(sorted(key for index, key in existing.items() if index not in copy_indices(copies)))
+    return PushPlan(artifact, destination, base_key, tuple(actions), stale,
+                    renumbering_note(stem, frozenset(existing), destination.url()))
+
+
+def _existing_copies(s3: Any, destination: S3Uri, base_name: str) -> dict[int, str]:
+    """The copies of ``base_name`` already under the prefix: index -> key."""
+    stem = base_name[: -len(".tar.gz")] if base_name.endswith(".tar.gz") else base_name
+    found: dict[int, str] = {}
     try:
         pages = s3.get_paginator("list_objects_v2").paginate(Bucket=destination.bucket, Prefix=destination.key(stem + "-v"))
         for page in pages:
             for obj in page.get("Contents", ()):
                 parsed = parse_copy_name(obj["Key"][len(destination.prefix):])
-                if parsed is not None and parsed.stem == stem and parsed.index > copies:
-                    stale.append(obj["Key"])
+                if parsed is not None and parsed.stem == stem:
+                    found[parsed.index] = obj["Key"]
     except aws_errors() as exc:
         raise s3_fail(exc, "list", destination.url(), "s3:ListBucket") from None
-    return tuple(sorted(stale))
+    return found
 
 
 def execute_push(s3: Any, plan: PushPlan, settings: TransferSettings, reporter: Reporter,
@@ -275,6 +281,8 @@ def push(s3: Any, request: PushRequest, reporter: Reporter, hooks: TransferHooks
         out(line)
     if host is not None:
         out(f"  {host.line()}")
+    if plan.renumbering:
+        reporter.warn(plan.renumbering)
     if plan.stale:
         reporter.warn(
             f"{len(plan.stale)} copies from an earlier push lie beyond --copies {request.copies} "

@@ -2,7 +2,9 @@
 
 The articles upload N copies of one tarball and spread requests over them. Locally the
 same effect needs no duplicate files: a wrapped source answers for ``<stem>-v<i>.tar.gz``
-(i = 1..copies) with the base object. Each copy still gets its own cache directory and
+(i = 0..copies-1) with the base object. Copies are numbered from 0, as the first article's
+notebook copies them and its Locust file (``-v{randint(0, N-1)}``) asks for them; push, serve,
+bench and capacity all name them here. Each copy still gets its own cache directory and
 its own load in the container, as on SageMaker.
 """
 
@@ -15,6 +17,28 @@ from pathlib import Path
 from serving.models.store import ModelSource, ObjectInfo, TargetNotFound
 
 _COPY = re.compile(r"^(?P<stem>.+)-v(?P<index>\d+)\.tar\.gz$")
+FIRST_COPY = 0  # <stem>-v0 ... <stem>-v{N-1}
+
+
+def copy_indices(copies: int) -> range:
+    """The indices of ``copies`` copies: 0 .. copies-1."""
+    return range(FIRST_COPY, FIRST_COPY + copies)
+
+
+def copy_index(n: int) -> int:
+    """The index of the ``n``-th copy (n = 1 for the first)."""
+    return FIRST_COPY + n - 1
+
+
+def renumbering_note(stem: str, indices: "set[int] | frozenset[int]", where: str) -> str | None:
+    """A one-line warning when ``where`` holds the copies of ``stem`` numbered the old way
+    (``-v1`` ... ``-vN``, no ``-v0``); None otherwise."""
+    if not indices or FIRST_COPY in indices or min(indices) != FIRST_COPY + 1:
+        return None
+    top = max(indices)
+    return (f"{where} holds {stem}-v1 ... {stem}-v{top} (copies numbered from 1); mme numbers copies from "
+            f"{stem}-v0 now, as the first article's notebook and Locust file do (-v0 ... -v{{N-1}}): push again "
+            f"(mme push --copies N) to add {stem}-v0, and delete {stem}-v{top} if you want exactly N")
 
 
 @dataclass(frozen=True)
@@ -53,7 +77,7 @@ class CopiesSource(ModelSource):
 
     def _base(self, target: str) -> str | None:
         parsed = parse_copy_name(target)
-        if parsed is not None and 1 <= parsed.index <= self.copies:
+        if parsed is not None and parsed.index in copy_indices(self.copies):
             return parsed.base
         return None
 
@@ -71,7 +95,7 @@ class CopiesSource(ModelSource):
         listed = list(self.inner.list_targets())
         for info in tuple(listed):
             if info.target.endswith(".tar.gz") and not is_copy(info.target):
-                listed.extend(replace(info, target=copy_name(info.target, i)) for i in range(1, self.copies + 1))
+                listed.extend(replace(info, target=copy_name(info.target, i)) for i in copy_indices(self.copies))
         return tuple(listed)
 
     def stat(self, target: str) -> ObjectInfo:

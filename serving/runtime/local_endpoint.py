@@ -58,7 +58,7 @@ class LocalEndpointOptions:
     port: int = 8080  # 0: any free port
     memory_threshold: float = DEFAULT_MEMORY_THRESHOLD
     memory_limit_bytes: int | None = None  # default: the GPU's memory, or this host's RAM
-    copies: int = 0  # answer for <stem>-v1..vN.tar.gz from <stem>.tar.gz
+    copies: int = 0  # answer for <stem>-v0..v{N-1}.tar.gz from <stem>.tar.gz
     server_kind: str = "auto"
     cache_dir: Path | None = None  # default: the server's required root, else a temporary directory
     s3_endpoint_url: str | None = None

@@ -33,7 +33,7 @@ def test_two_workers_one_combined_requests_csv(tmp_path):
     assert all(r.ok for r in run.requests)
     assert len(run.requests) == served  # nothing lost between workers and master
     assert max(r.users for r in run.requests) == 4
-    assert {r.target for r in run.requests} == {"m-v1.tar.gz", "m-v2.tar.gz", "m-v3.tar.gz"}
+    assert {r.target for r in run.requests} == {"m-v0.tar.gz", "m-v1.tar.gz", "m-v2.tar.gz"}
     assert len(run.stages) == 1 and run.stages[0].generator_cpu_max > 0
     locust_total = (run.directory / "locust_stats.csv").read_text().splitlines()[-1].split(",")
     assert locust_total[1] == "Aggregated" and int(locust_total[2]) == len(run.requests)

@@ -78,7 +78,7 @@ def test_boto3_client_reports_sagemaker_error_codes(tmp_path):
     assert run.info.client == "boto3"
     assert run.requests and {(r.ok, r.status, r.error) for r in run.requests} == {(0, 424, "ModelError")}
     assert calls == len(run.requests)  # retries off: one call, one request
-    assert {r.target for r in run.requests} <= {"m-v1.tar.gz", "m-v2.tar.gz"}
+    assert {r.target for r in run.requests} <= {"m-v0.tar.gz", "m-v1.tar.gz"}
 
 
 @pytest.mark.parametrize("sig, code, reason", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])

@@ -59,7 +59,7 @@ def test_bench_refuses_targets_the_endpoint_does_not_serve_before_sending_anythi
     assert completed.returncode == 2, completed.stderr
     err = completed.stderr.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    assert "does not serve test_resnet-v1.tar.gz, test_resnet-v2.tar.gz" in err
+    assert "does not serve test_resnet-v0.tar.gz, test_resnet-v1.tar.gz" in err
     assert "it answers for test_resnet.tar.gz" in err and "leave --copies out" in err and "--copies 2" in err
     assert not out.exists() or not any(out.iterdir())  # no run directory left behind
 

@@ -147,6 +147,8 @@ from importlib.machinery import PathFinder
 if os.environ.get("FAKE_TOMLI"):
     import tomllib
     sys.modules["tomli"] = sys.modules.pop("tomllib")
+for _name in [m for m in sys.modules if m == "tomllib" or m.startswith("tomllib.")]:
+    del sys.modules[_name]  # imported before this file ran (coverage's start-up reads pyproject.toml in CI)
 sys.version_info = (3, 10, 12, "final", 0)
 sys.version = "3.10.12 (main, Nov 20 2023, 15:14:05) [GCC 11.4.0]"
 _find_spec = PathFinder.find_spec.__func__

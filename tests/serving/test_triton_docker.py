@@ -122,9 +122,9 @@ def test_local_endpoint_mounts_its_model_cache_into_the_container(tmp_path, pack
         assert isinstance(server, DockerTritonServer)
         argv = server.command(Path("/host/repo"))
         assert f"{endpoint.cache.root}:/opt/ml/models:ro" in option_values(argv, "-v")
-        cached = endpoint.cache.fetch("r50-v2.tar.gz")
-        assert server.model_url(cached.model_dir) == f"/opt/ml/models/{cache_key('r50-v2.tar.gz')}/model"
-        assert cached.container_name == cache_key("r50-v2.tar.gz")
+        cached = endpoint.cache.fetch("r50-v1.tar.gz")
+        assert server.model_url(cached.model_dir) == f"/opt/ml/models/{cache_key('r50-v1.tar.gz')}/model"
+        assert cached.container_name == cache_key("r50-v1.tar.gz")
     finally:
         endpoint.stop()
 

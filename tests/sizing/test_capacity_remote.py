@@ -74,8 +74,8 @@ def test_remote_loop_against_local_mme(s3env, artifact: Path, local_mme, tmp_pat
     # Copies by server-side copy only: the base tarball and the metrics model are the only bodies sent.
     assert s3env.calls.copies == 3 and s3env.calls.count("PutObject") == 2
     keys = s3env.keys(PREFIX)
-    assert keys == sorted(f"{PREFIX}/{n}" for n in ("test_resnet.tar.gz", METRICS_TARBALL, "test_resnet-v1.tar.gz",
-                                                     "test_resnet-v2.tar.gz", "test_resnet-v3.tar.gz"))
+    assert keys == sorted(f"{PREFIX}/{n}" for n in ("test_resnet.tar.gz", METRICS_TARBALL, "test_resnet-v0.tar.gz",
+                                                     "test_resnet-v1.tar.gz", "test_resnet-v2.tar.gz"))
     copy_meta = s3env.client.head_object(Bucket=s3env.bucket, Key=f"{PREFIX}/test_resnet-v2.tar.gz")["Metadata"]
     assert copy_meta["mme-copy-of"] == "test_resnet.tar.gz"
 
@@ -83,7 +83,7 @@ def test_remote_loop_against_local_mme(s3env, artifact: Path, local_mme, tmp_pat
     tiny = measure_remote_capacity(s3env.client, invoker,
                                    RemoteCapacityRequest("local", destination, artifact, threshold=1e-6, max_copies=5))
     assert tiny.stopped == "threshold" and len(tiny.report.steps) == 1 and tiny.report.actual_copies == 0
-    assert tiny.reused == (f"{PREFIX}/test_resnet-v1.tar.gz",) and not tiny.copied
+    assert tiny.reused == (f"{PREFIX}/test_resnet-v0.tar.gz",) and not tiny.copied
 
     # The command line: existing copies are reused, the fourth one is made, the report is written.
     out = tmp_path / "results"
@@ -98,12 +98,12 @@ def test_remote_loop_against_local_mme(s3env, artifact: Path, local_mme, tmp_pat
     assert "copy 1 added almost nothing: it was probably loaded already" in stderr
     saved = json.loads((out / "capacity_test_resnet_cpu-local.json").read_text())
     assert saved["memory_kind"] == HOST_KIND and len(saved["steps"]) == 4 and saved["actual_copies"] == 4
-    # Copies 1-3 were loaded by the first run: only copy 4's growth is a footprint.
+    # Copies 1-3 (-v0 ... -v2) were loaded by the first run: only copy 4 (-v3)'s growth is a footprint.
     assert saved["footprint_min_bytes"] == saved["footprint_max_bytes"] == saved["steps"][3]["delta_bytes"] > 4 * 2**20
     # copy 1 was not measured in this run: its one-time start-up is in the baseline, and the report says so
     assert saved["first_copy_bytes"] is None and "copy 1 was loaded before" in saved["per_copy_basis"]
     assert "first copy: not measured" in stdout
-    assert f"{PREFIX}/test_resnet-v4.tar.gz" in s3env.keys(PREFIX)
+    assert f"{PREFIX}/test_resnet-v3.tar.gz" in s3env.keys(PREFIX)
 
 
 @pytest.mark.parametrize(

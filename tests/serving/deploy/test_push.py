@@ -36,7 +36,7 @@ def test_push_uploads_once_and_makes_copies_server_side(s3env, artifact):
     result = _push(s3env, artifact, copies=3)
     assert s3env.calls.bodies == 1, "the tarball's bytes went up once"
     assert s3env.calls.copies == 3, "each copy is a server-side CopyObject"
-    names = ["test_resnet.tar.gz"] + [f"test_resnet-v{i}.tar.gz" for i in (1, 2, 3)]
+    names = ["test_resnet.tar.gz"] + [f"test_resnet-v{i}.tar.gz" for i in (0, 1, 2)]  # the article's -v0 ... -v{N-1}
     assert s3env.keys("models/r/") == sorted(f"models/r/{n}" for n in names)
     sha = sha256_of(artifact / "test_resnet.tar.gz")
     for name in names:
@@ -62,7 +62,7 @@ def test_second_push_writes_nothing_and_changed_artifact_reuploads(s3env, artifa
     third = _push(s3env, artifact, copies=2)
     assert s3env.calls.bodies == 1 and s3env.calls.copies == 2
     assert len(third.uploaded) == 1 and len(third.copied) == 2
-    head = s3env.client.head_object(Bucket=s3env.bucket, Key="models/r/test_resnet-v2.tar.gz")
+    head = s3env.client.head_object(Bucket=s3env.bucket, Key="models/r/test_resnet-v1.tar.gz")
     assert head["Metadata"]["sha256"] == sha256_of(artifact / "test_resnet.tar.gz")
 
 
@@ -79,7 +79,7 @@ def test_random_weights_refused_unless_allowed(s3env, artifact, run_cli):
     code, out, err = run_cli("push", str(artifact), "--s3", f"s3://{s3env.bucket}/m", "--endpoint-url", s3env.url,
                              "--allow-random-weights", "--copies", "1")
     assert code == 0, err
-    assert s3env.keys() == ["m/test_resnet-v1.tar.gz", "m/test_resnet.tar.gz"]
+    assert s3env.keys() == ["m/test_resnet-v0.tar.gz", "m/test_resnet.tar.gz"]
     assert "random weights" in err  # the override is loud
 
 
@@ -89,8 +89,8 @@ def test_dry_run_prints_the_plan_and_writes_nothing(s3env, artifact):
     assert s3env.calls.writes == 0 and s3env.keys() == []
     base = f"s3://{s3env.bucket}/models/r"
     assert lines[1] == f"  upload  {base}/test_resnet.tar.gz  ({(artifact / 'test_resnet.tar.gz').stat().st_size} bytes, new)"
-    assert lines[2] == f"  copy    {base}/test_resnet-v1.tar.gz  <- {base}/test_resnet.tar.gz  (server-side, new)"
-    assert lines[3] == f"  copy    {base}/test_resnet-v2.tar.gz  <- {base}/test_resnet.tar.gz  (server-side, new)"
+    assert lines[2] == f"  copy    {base}/test_resnet-v0.tar.gz  <- {base}/test_resnet.tar.gz  (server-side, new)"
+    assert lines[3] == f"  copy    {base}/test_resnet-v1.tar.gz  <- {base}/test_resnet.tar.gz  (server-side, new)"
     assert lines[-1] == "dry run: nothing was written"
 
     _push(s3env, artifact, copies=1)
@@ -168,6 +168,23 @@ def test_stale_copies_beyond_copies_are_reported(s3env, artifact):
     stream = __import__("io").StringIO()
     _push(s3env, artifact, copies=1, reporter=Reporter(stream=stream))
     assert "2 copies from an earlier push" in stream.getvalue()
+
+
+def test_a_prefix_with_copies_numbered_from_one_gets_a_warning_naming_the_change(s3env, artifact):
+    """A prefix laid out before copies were numbered from 0 (-v1 ... -vN): the push says so in one
+    line and adds -v0, so the article's notebook and Locust file find every copy they ask for."""
+    import io
+
+    for i in (1, 2):  # an earlier layout: -v1, -v2
+        s3env.client.put_object(Bucket=s3env.bucket, Key=f"old/test_resnet-v{i}.tar.gz", Body=b"x")
+    stream = io.StringIO()
+    _push(s3env, artifact, "old", copies=2, reporter=Reporter(stream=stream))
+    warnings = [line for line in stream.getvalue().splitlines() if "numbered from 1" in line]
+    assert len(warnings) == 1 and "test_resnet-v1 ... test_resnet-v2" in warnings[0] and "test_resnet-v0" in warnings[0]
+    assert "old/test_resnet-v0.tar.gz" in s3env.keys("old/")
+    stream = io.StringIO()
+    _push(s3env, artifact, "old", copies=3, reporter=Reporter(stream=stream))
+    assert "numbered from 1" not in stream.getvalue()  # -v0 is there now
 
 
 def test_push_with_an_instance_type_says_which_host_image_runs_the_release(s3env, artifact):

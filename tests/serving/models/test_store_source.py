@@ -140,3 +140,19 @@ def test_s3_unreachable_is_source_unavailable(aws_env, tmp_path: Path) -> None:
     source = S3Source(BUCKET, "mme", endpoint_url=f"http://127.0.0.1:{free_port()}")
     with pytest.raises(SourceUnavailable, match="cannot reach S3"):
         source.stat("tiny.tar.gz")
+
+
+def test_copies_are_v0_to_n_minus_1_as_the_articles_locust_file_asks_for_them(tmp_path: Path) -> None:
+    """`mme serve --copies 3` answers for resnet50-v0 ... -v2, the names the first article's
+    notebook makes and its Locust file picks (-v{randint(0, N-1)}), and not for -v3."""
+    from serving.models.copies import CopiesSource
+    from serving.models.store import LocalDirSource, TargetNotFound
+
+    (tmp_path / "resnet50.tar.gz").write_bytes(b"tarball")
+    source = CopiesSource(LocalDirSource(tmp_path), 3)
+    listed = sorted(info.target for info in source.list_targets())
+    assert listed == ["resnet50-v0.tar.gz", "resnet50-v1.tar.gz", "resnet50-v2.tar.gz", "resnet50.tar.gz"]
+    for i in range(3):
+        assert source.stat(f"resnet50-v{i}.tar.gz").target == f"resnet50-v{i}.tar.gz"
+    with pytest.raises(TargetNotFound):
+        source.stat("resnet50-v3.tar.gz")
