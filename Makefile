@@ -17,7 +17,7 @@ WORKERS ?= 2
 COVERAGE := --cov=mme --cov=packager --cov=serving --cov=sizing --cov=bench --cov-report= --cov-append
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-gpu package serve capacity bench report demo demo-realtime demo-fleet test test-integration test-all lint test-gpu bench-package bench-client-cost bench-front bench-cold-start bench-churn bench-crash bench-thrash bench-bomb bench-fleet-instances clean lock
+.PHONY: help install install-gpu package serve capacity bench report demo demo-realtime demo-fleet demo-cloud cloud test test-integration test-all lint test-gpu bench-package bench-client-cost bench-front bench-cold-start bench-churn bench-crash bench-thrash bench-bomb bench-fleet-instances clean lock
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -60,11 +60,17 @@ report: $(STAMP) ## the HTML and Markdown report of RUN (default: the newest run
 	@test -n "$(RUN)" || { echo "make report: no run under $(RESULTS)/; run make bench first, or pass RUN=results/<run-id>"; exit 2; }
 	$(MME) report $(RUN) $(ARGS)
 
+cloud: $(STAMP) ## a local SageMaker (hosting, runtime, S3, CloudWatch) for unchanged boto3 scripts and mme commands (ARGS=--port 4566)
+	$(MME) cloud $(ARGS)
+
 demo: $(STAMP) ## the main job on local defaults: package, capacity, local MME, staged load, report
 	$(MME) demo --model $(MODEL) --out $(OUT) $(ARGS)
 
 demo-fleet: $(STAMP) ## a fleet of tiny models on one local MME: package a catalogue, predict each model's hit ratio, load-test the mix, report predicted vs measured
 	$(MME) demo-fleet --out $(OUT) $(ARGS)
+
+demo-cloud: $(STAMP) ## the first article's cloud loop on this machine: push, deploy an MME, staged load, CloudWatch metrics, report, delete (mme cloud, no account)
+	$(MME) demo-cloud --out $(OUT) $(ARGS)
 
 demo-realtime: $(STAMP) ## the second article's flow: distilbert on a local real-time endpoint, staged load, report sized for 1000 TPS
 	$(MME) demo-realtime --out $(OUT) $(ARGS)

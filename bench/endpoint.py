@@ -58,10 +58,23 @@ def default_region() -> str:
     return botocore.session.get_session().get_config_variable("region") or "us-east-1"
 
 
+def configured_runtime_url(region: str) -> str | None:
+    """The SageMaker Runtime address boto3 itself would use when configuration moves it
+    (``AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME``, ``AWS_ENDPOINT_URL`` or a profile's ``services``
+    section: ``mme cloud``, a VPC endpoint), else None (AWS's own for the region)."""
+    import botocore.session
+
+    client = botocore.session.get_session().create_client(
+        "sagemaker-runtime", region_name=region, aws_access_key_id="unused", aws_secret_access_key="unused")
+    url = client.meta.endpoint_url
+    return None if urlsplit(url).hostname.endswith((".amazonaws.com", ".amazonaws.com.cn")) else url
+
+
 def resolve_address(name: str, endpoint_url: str | None, region: str | None) -> EndpointAddress:
     if not name or "/" in name:
         raise UsageError(f"--endpoint must be an endpoint name (got {name!r})")
     region = region or default_region()
+    endpoint_url = endpoint_url or configured_runtime_url(region)
     if endpoint_url is None:
         suffix = "amazonaws.com.cn" if region.startswith("cn-") else "amazonaws.com"
         return EndpointAddress(name, f"https://runtime.sagemaker.{region}.{suffix}", region, False)

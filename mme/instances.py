@@ -76,3 +76,19 @@ def instance_gpu(instance_type: str) -> InstanceGpu:
     if row is None:
         return InstanceGpu("no GPU known for this family; add it to mme/instances.toml", None)
     return InstanceGpu(str(row["gpu"]), str(row["compute_capability"]))
+
+
+def memory_of_gpu(instance_type: str) -> tuple[int, str] | None:
+    """(bytes, basis) of one GPU of ``instance_type``: its own ``[instances]`` row, else the row
+    of another type with the same GPU (every type of a family has the same GPU, e.g. ml.g5.xlarge
+    to ml.g5.48xlarge an A10G each); None for CPU types and GPUs the table lacks."""
+    rows = load_instances()
+    row = rows.get(instance_type)
+    if row is None:
+        gpu = instance_gpu(instance_type)
+        if gpu.compute_capability is None:
+            return None
+        row = next((r for r in rows.values() if r.get("gpu") == gpu.gpu), None)
+        if row is None:
+            return None
+    return gpu_memory(row)

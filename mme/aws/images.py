@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from mme.versions import Release, release as triton_release
+from mme.versions import Release, release as triton_release, sagemaker_releases
 from mme.aws.errors import AwsError
 
 DLC_ACCOUNTS = {
@@ -107,3 +107,10 @@ def check_image_uri(uri: str, option: str = "--image-uri") -> str:
     if not _IMAGE.match(uri) or "/" not in uri:
         raise AwsError(f"{option} {uri!r} is not a container image URI; write <account>.dkr.ecr.<region>.amazonaws.com/<repository>:<tag>")
     return uri
+
+
+def release_of_image(uri: str) -> Release | None:
+    """The release whose SageMaker Triton image ``uri`` is (``.../sagemaker-tritonserver:25.09-py3``,
+    any registry), or None: another image, or a release ``mme/versions.toml`` does not know."""
+    repository_tag = uri.rsplit("/", 1)[-1]
+    return next((r for r in sagemaker_releases() if r.sagemaker_image == repository_tag), None)

@@ -27,7 +27,9 @@ COMMAND_MODULES = (
     "mme.cli.demo",
     "mme.cli.demo_realtime",
     "mme.cli.demo_fleet",
+    "mme.cli.demo_cloud",
     "mme.cli.aws",
+    "mme.cli.cloud",
     "mme.cli.gpu_check",
 )
 

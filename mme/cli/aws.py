@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import Any, Callable
 
 from mme.argtypes import byte_size, positive_float, positive_int
@@ -282,8 +283,6 @@ def run_metrics(args: argparse.Namespace) -> int:
             raise AwsError("--end goes with --start; with --run the window is the run's started_at .. ended_at")
         if not info.ended_at:
             raise AwsError(f"{run_dir}/run.json has no ended_at (the run did not finish); pass --start and --end instead")
-        if info.endpoint_url:
-            reporter.warn(f"the run used endpoint_url {info.endpoint_url}: CloudWatch only has metrics of SageMaker endpoints")
         endpoint = args.endpoint or info.endpoint
         start = cloudwatch.parse_time(info.started_at, "run.json started_at")
         end = cloudwatch.parse_time(info.ended_at, "run.json ended_at")
@@ -301,7 +300,12 @@ def run_metrics(args: argparse.Namespace) -> int:
         reporter.warn(note)
     aws = connect(region)
     region = aws.region
-    report = cloudwatch.fetch(aws.client("cloudwatch"), endpoint, args.variant, window, region)
+    client = aws.client("cloudwatch")
+    run_url = info.endpoint_url if args.run else None
+    if run_url and urlsplit(client.meta.endpoint_url).hostname.endswith((".amazonaws.com", ".amazonaws.com.cn")):
+        reporter.warn(f"the run used endpoint_url {run_url} but CloudWatch is AWS's ({client.meta.endpoint_url}): it "
+                      "only has metrics of SageMaker endpoints (mme cloud's CloudWatch has its endpoints')")
+    report = cloudwatch.fetch(client, endpoint, args.variant, window, region)
     for line in cloudwatch.summary_lines(report):
         print(line)
     if report.points == 0:

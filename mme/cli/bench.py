@@ -47,7 +47,7 @@ def register_bench(subparsers) -> None:
     target = p.add_argument_group("endpoint and targets")
     target.add_argument("--endpoint", required=True, metavar="NAME", help="endpoint name ('mme serve' answers for its --endpoint-name, default: local)")
     target.add_argument("--endpoint-url", metavar="URL", help="runtime URL, e.g. http://127.0.0.1:8080 for 'mme serve' "
-                        "(default: AWS's SageMaker runtime for --region)")
+                        "(default: the address boto3 is configured with, e.g. AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME for 'mme cloud', else AWS's SageMaker runtime for --region)")
     target.add_argument("--region", help="AWS region (default: botocore's configured region, else us-east-1)")
     target.add_argument("--mode", choices=("multi", "single"), default=DEFAULTS.endpoint.mode,
                         help="multi: a TargetModel per request (MME); single: a real-time endpoint (default: multi)")
@@ -56,7 +56,7 @@ def register_bench(subparsers) -> None:
                         help="spread requests over <model>-v0..v{N-1}.tar.gz (default: the copies a local 'mme serve' "
                         "answers for, else its <model>.tar.gz; 1 elsewhere)")
     target.add_argument("--distribution", default=DEFAULTS.targets.distribution, metavar="uniform|zipf:S",
-                        help="how targets are picked: uniform, or Zipf-skewed toward v1 (e.g. zipf:1.1; default: %(default)s)")
+                        help="how targets are picked: uniform, or Zipf-skewed toward v0 (e.g. zipf:1.1; default: %(default)s)")
     target.add_argument("--target-template", default=DEFAULTS.targets.template, metavar="TEMPLATE",
                         help="target names if copies are named differently (default: '{model}-v{i}.tar.gz')")
     target.add_argument("--instance-type", help="recorded in run.json, e.g. ml.g5.2xlarge (default: 'local' for local URLs)")

@@ -32,7 +32,7 @@ from __future__ import annotations
 import threading
 import time
 from bisect import bisect_left
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, NamedTuple
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, HistogramMetricFamily, Metric, UnknownMetricFamily
@@ -43,6 +43,17 @@ if TYPE_CHECKING:
     from serving.monitor.instance_metrics import InstanceReading
 
 SCHEMA_VERSION = 1
+MAX_SAMPLES = 200_000  # requests kept between two take_samples() calls
+
+
+class RequestSample(NamedTuple):
+    """One request's figures, as CloudWatch receives them (0: no sample of that metric)."""
+
+    status: int
+    model_us: float
+    overhead_us: float
+    wait_us: float
+    hit: bool | None
 
 # Histogram bounds in microseconds, 50 us .. 5 min (model loads of large models take minutes).
 US_BUCKETS: tuple[float, ...] = (
@@ -152,6 +163,20 @@ class EndpointMetrics:
         self._gauges: dict[str, float | int | None] = {name: None for name in GAUGES}
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
+        self._samples: list[RequestSample] | None = None  # kept only once keep_samples() is called
+
+    def keep_samples(self) -> None:
+        """From now on keep each request's figures for :meth:`take_samples` (what publishes raw
+        values to CloudWatch, so its percentiles are exact): at most MAX_SAMPLES between takes."""
+        with self._lock:
+            if self._samples is None:
+                self._samples = []
+
+    def take_samples(self) -> list[RequestSample]:
+        """The requests answered since the last take (oldest first), and forget them."""
+        with self._lock:
+            taken, self._samples = self._samples or [], ([] if self._samples is not None else None)
+        return taken
 
     # -- per request (hot path) -------------------------------------------------------------
     def request(self, target: str, status: int, *, model_us: float, total_us: float, wait_us: float,
@@ -185,6 +210,9 @@ class EndpointMetrics:
                 stats["OverheadLatency"].observe(max(0.0, total_us - model_us))
             if wait_us > 0:
                 stats["ModelLoadingWaitTime"].observe(wait_us)
+            if self._samples is not None and len(self._samples) < MAX_SAMPLES:
+                self._samples.append(RequestSample(status, model_us, max(0.0, total_us - model_us) if total_us > 0 else 0.0,
+                                                   wait_us, hit))
 
     # -- model events ---------------------------------------------------------------------------
     def model_loaded(self, load_s: float, download_s: float | None, extract_s: float | None) -> None:
