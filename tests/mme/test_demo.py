@@ -92,3 +92,30 @@ def test_demo_fleet_puts_the_predicted_hit_ratio_next_to_the_measured_one(tmp_pa
     assert "overall: measured" in out and "predicted" in out
     summary = json.loads((tmp_path / "artifacts" / "catalogue-summary.json").read_text())
     assert summary["jobs"] == 2 and summary["counts"]["packaged"] == 3
+
+
+def test_demo_cloud_end_to_end(tmp_path, capsys, monkeypatch):
+    """The first article's cloud loop on a local SageMaker: push, deploy, staged bench, CloudWatch
+    metrics, report, delete, through the commands; the report's CloudWatch section has figures."""
+    for name in [n for n in __import__("os").environ if n.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    code = main(["demo-cloud", "--model", "test_resnet", "--out", str(tmp_path / "artifacts"), "--results",
+                 str(tmp_path / "results"), "--copies", "3", "--time-scale", "0.03"])
+    out = capsys.readouterr().out
+    assert code == 0
+    html = next((tmp_path / "results").glob("demo-cloud-*-test_resnet/report.html"))
+    run_dir = html.parent
+    assert f"open {html}" in out and "mme deploy -> first successful invoke:" in out
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["copies"] == 3 and run["endpoint"] == "mme-demo-cloud" and run["endpoint_url"].startswith("http://127.0.0.1:")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["overall"]["failures"] == 0
+    cloudwatch = json.loads((run_dir / "cloudwatch_metrics.json").read_text())
+    series = {(s["metric"], s["stat"]): [v for _, v in s["points"]] for s in cloudwatch["series"]}
+    # every request the bench sent (and the demo's first invoke), counted by the endpoint, read back from CloudWatch
+    requests = summary["overall"]["requests"]
+    assert requests <= sum(series[("Invocations", "Sum")]) <= requests + 1
+    assert series[("ModelLatency", "p99")] and series[("LoadedModelCount", "Maximum")][-1] == 3
+    assert "CloudWatch" in (run_dir / "report.md").read_text()
+    assert not list((tmp_path / "results" / "demo-cloud-deployments").glob("*.json"))  # mme delete removed its state
