@@ -4,7 +4,9 @@ against this machine with only boto3's standard endpoint variables set.
 
 One process, loopback by default. Requests are told apart as AWS tells them apart:
 
-* ``POST /`` with ``X-Amz-Target: SageMaker.*``: the hosting API (``serving.cloud.control_plane``);
+* ``POST /`` with ``X-Amz-Target: SageMaker.*``: the hosting API (``serving.cloud.control_plane``),
+  SigV4-signed or refused as AWS refuses it (403 MissingAuthenticationTokenException; the key
+  is not checked, as the runtime's front does not check it unless told to);
 * ``POST /endpoints/<name>/invocations``: InvokeEndpoint, passed to that endpoint's local
   runtime unchanged (its own front checks the signature, body and TargetModel exactly as
   ``mme serve`` does); an endpoint that is not InService answers SageMaker's ValidationError;
@@ -135,6 +137,9 @@ class LocalCloud:
         return await self._forward(request, self.moto_url)
 
     async def _sagemaker(self, request: web.Request, target: str) -> web.Response:
+        if not request.headers.get("Authorization", "").startswith("AWS4-HMAC-SHA256 "):  # as the runtime's front
+            error = api.ApiError("MissingAuthenticationTokenException", "Missing Authentication Token", 403)
+            return web.Response(status=403, body=api.error_body(error), content_type=api.AMZ_JSON)
         body = await request.read()
         assert self.control_plane is not None
         plane = self.control_plane

@@ -224,3 +224,16 @@ def test_mme_deploy_exits_with_the_reason_of_a_failed_endpoint(cloud, clients, t
     assert code == 3
     err = capsys.readouterr().err
     assert "endpoint broken Failed:" in err and "model.tar.gz" in err
+
+
+def test_unsigned_hosting_requests_are_refused(cloud) -> None:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(cloud.url + "/", data=b"{}", method="POST",
+                                     headers={"X-Amz-Target": "SageMaker.ListEndpoints",
+                                              "Content-Type": "application/x-amz-json-1.1"})
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=10)
+    assert caught.value.code == 403
+    assert json.loads(caught.value.read())["__type"] == "MissingAuthenticationTokenException"
