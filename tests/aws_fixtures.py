@@ -178,3 +178,25 @@ class FakeClock:
 @pytest.fixture
 def fake_clock() -> Callable[..., FakeClock]:
     return FakeClock
+
+
+LOCAL_CLOUD_BUCKET = "mme-cloud-test"
+
+
+@pytest.fixture
+def local_cloud(aws_env, monkeypatch: pytest.MonkeyPatch):
+    """A local SageMaker (mme cloud) on a free port, with the bucket LOCAL_CLOUD_BUCKET; boto3 and
+    every mme command pointed at it as a user would, by the standard endpoint variables only.
+    Every endpoint it ran is gone afterwards."""
+    import boto3
+
+    from serving.cloud.hosting import CloudOptions
+    from serving.cloud.server import LocalCloud
+
+    options = CloudOptions(port=0, metrics_interval_s=0.5)  # each instance's limit: its type's GPU memory
+    with LocalCloud(options) as running:
+        for name, value in running.environment().items():
+            monkeypatch.setenv(name, value)
+        boto3.client("s3").create_bucket(Bucket=LOCAL_CLOUD_BUCKET)
+        yield running
+    assert running.hosting is not None and running.hosting.running() == []

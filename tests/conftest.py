@@ -43,7 +43,7 @@ def _cuda_available() -> bool:
 
 # Fixtures that start a real server: a test using one (directly or through another fixture)
 # belongs to the integration tier (make test-integration) whatever its file.
-INTEGRATION_FIXTURES = frozenset({"moto_server", "moto_url", "s3env"})
+INTEGRATION_FIXTURES = frozenset({"moto_server", "moto_url", "s3env", "local_cloud"})
 
 
 def pytest_collection_modifyitems(config, items):

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import urllib.request
 from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
@@ -79,6 +80,8 @@ class LocalCloud:
         self._moto.start()
         host, port = self._moto.get_host_and_port()
         self.moto_url = f"http://{host}:{port}"
+        # moto keeps its state per process, not per server: each local cloud starts empty (one at a time per process)
+        urllib.request.urlopen(urllib.request.Request(f"{self.moto_url}/moto-api/reset", method="POST"), timeout=30).close()
         self.hosting = Hosting(self.options, self.moto_url, self.reporter)
         self.control_plane = ControlPlane(self.options, self.hosting)
         try:

@@ -15,28 +15,18 @@ import pytest
 
 from mme.aws.images import triton_image_uri
 from mme.cli import main
-from serving.cloud.hosting import CloudOptions
-from serving.cloud.server import LocalCloud
+from tests.aws_fixtures import LOCAL_CLOUD_BUCKET
 
 pytestmark = pytest.mark.integration
 
 ROLE = "arn:aws:iam::000000000000:role/SageMakerExecution"
-BUCKET = "mme-cloud-test"
+BUCKET = LOCAL_CLOUD_BUCKET
 AMI = "al2023-ami-sagemaker-inference-gpu-4-1"  # the host 25.09 needs on ml.g5 (mme deploy sets it)
 
 
 @pytest.fixture
-def cloud(aws_env, monkeypatch: pytest.MonkeyPatch):
-    """A local SageMaker on a free port, boto3 pointed at it as a user would (environment only)."""
-    options = CloudOptions(port=0, metrics_interval_s=0.5)  # each instance's limit: its type's GPU memory
-    with LocalCloud(options) as running:
-        for name, value in running.environment().items():
-            monkeypatch.setenv(name, value)
-        import boto3
-
-        boto3.client("s3").create_bucket(Bucket=BUCKET)
-        yield running
-    assert running.hosting is not None and running.hosting.running() == []
+def cloud(local_cloud):
+    return local_cloud
 
 
 @pytest.fixture
