@@ -68,7 +68,7 @@ def test_two_instances_serve_each_model_where_it_is_loaded(packaged_test_resnet,
         where: dict[str, set[str]] = {}
         cold = []
         for round_ in range(3):
-            for copy in range(1, 7):
+            for copy in range(6):  # -v0 ... -v5
                 target = f"test_resnet-v{copy}.tar.gz"
                 reply = client.invoke_endpoint(EndpointName="local", TargetModel=target, ContentType="application/json",
                                                Body=body)

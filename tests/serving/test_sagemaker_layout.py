@@ -86,7 +86,14 @@ def sagemaker_models(endpoint) -> dict[str, dict]:
     return {key: control.get_model(key) for key in keys}
 
 
-def test_the_container_holds_it_under_its_hash_loaded_from_root_hash_model(endpoint):
+def load_hard_target(endpoint, packaged) -> None:
+    """HARD_TARGET loaded, whichever of this module's tests ran before (their order is random)."""
+    runtime(endpoint.url).invoke_endpoint(EndpointName="local", TargetModel=HARD_TARGET, Body=packaged.sample("binary"),
+                                          ContentType=packaged.binary_content_type)
+
+
+def test_the_container_holds_it_under_its_hash_loaded_from_root_hash_model(endpoint, packaged_test_resnet):
+    load_hard_target(endpoint, packaged_test_resnet)
     key = cache_key(HARD_TARGET)
     assert len(key) == 32 and key.isalnum()  # matches Triton 2.70+'s [0-9A-Za-z._]+
     loaded = endpoint.endpoint.loaded_models()
@@ -119,6 +126,7 @@ def test_a_python_backend_target_with_a_space_fails_like_sagemakers_triton_and_s
 
 
 def test_unload_with_the_header_unloads_it_and_a_new_request_loads_it_again(endpoint, packaged_test_resnet):
+    load_hard_target(endpoint, packaged_test_resnet)
     assert endpoint.call(endpoint.endpoint.unload(HARD_TARGET)) is True
     key = cache_key(HARD_TARGET)
     assert key not in sagemaker_models(endpoint)
