@@ -183,7 +183,7 @@ def _gzip_reader(raw: BinaryIO) -> BinaryIO:
     if gzip_backend("isal") == "isal":
         from isal import igzip_threaded
 
-        return igzip_threaded.open(raw, "rb", threads=1)  # type: ignore[return-value]
+        return igzip_threaded.open(raw, "rb", threads=1)
     return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
 
 
@@ -192,7 +192,7 @@ def _decompression_errors() -> tuple[type[BaseException], ...]:
     if gzip_backend("isal") == "isal":
         from isal import isal_zlib
 
-        errors += (isal_zlib.error,)
+        errors += (isal_zlib.error,)  # type: ignore[operator]
     return errors
 
 
@@ -214,7 +214,7 @@ def safe_extract(tarball: Path, into: Path, limits: ExtractLimits = ExtractLimit
         hashing = _HashingReader(fh)
         try:
             with _gzip_reader(hashing) as gz:  # type: ignore[arg-type]  # duck-typed reader
-                with tarfile.open(fileobj=gz, mode="r|", copybufsize=TAR_COPY_BUFFER) as tar:
+                with tarfile.open(fileobj=gz, mode="r|", copybufsize=TAR_COPY_BUFFER) as tar:  # type: ignore[call-overload]
                     for member in tar:
                         members += 1
                         if members > limits.max_members:
