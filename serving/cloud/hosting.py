@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
-from mme.aws.session import S3Uri
 from mme.errors import MmeError
 from mme.progress import Reporter
 from mme.versions import Release
@@ -77,17 +76,6 @@ class S3ModelData:
         import boto3
 
         return boto3.session.Session().client("s3", endpoint_url=self.endpoint_url, region_name="us-east-1")
-
-    def exists(self, url: str) -> bool:
-        """A tarball's object exists, or a prefix holds at least one object."""
-        uri = S3Uri.parse(url, "ModelDataUrl")
-        from botocore.exceptions import ClientError
-
-        try:
-            reply = self.client().list_objects_v2(Bucket=uri.bucket, Prefix=uri.prefix.rstrip("/") if url.endswith(".tar.gz") else uri.prefix, MaxKeys=1)
-        except ClientError:
-            return False
-        return reply.get("KeyCount", 0) > 0
 
     def download(self, url: str, into: Path) -> Path:
         bucket, _, key = url[len("s3://"):].partition("/")
