@@ -105,6 +105,16 @@ def metric_data(samples: list[RequestSample], instances: int, gauges: dict[str, 
     return {SAGEMAKER_NS: [d for d in sagemaker if d], INSTANCE_NS: [d for d in instance if d]}
 
 
+def _by_minute(samples: list[RequestSample]) -> list[tuple[dt.datetime, list[RequestSample]]]:
+    """Samples grouped by the minute they were answered in, each group stamped with its last answer
+    (naive UTC, as moto keeps times)."""
+    groups: dict[int, list[RequestSample]] = {}
+    for sample in samples:
+        groups.setdefault(int(sample.at // 60), []).append(sample)
+    return [(dt.datetime.fromtimestamp(max(s.at for s in batch), dt.timezone.utc).replace(tzinfo=None), batch)
+            for _, batch in sorted(groups.items())]
+
+
 class MetricsFeed:
     """Publishes every endpoint's metrics to moto's CloudWatch on a thread of its own."""
 
@@ -150,9 +160,14 @@ class MetricsFeed:
                             gauges.setdefault(name, []).append(float(value))
             dimensions = [{"Name": "EndpointName", "Value": endpoint}, {"Name": "VariantName", "Value": variant}]
             backend = get_backend("cloudwatch")[DEFAULT_ACCOUNT_ID][region]
-            for namespace, data in metric_data(samples, len(members), gauges, dimensions, at).items():
-                if data:
-                    backend.put_metric_data(namespace, data)
+            # Requests under the minute they were answered in (an interval can straddle one, and the
+            # last publish comes after the run ended: stamped now, its requests would miss the run's window).
+            batches = _by_minute(samples) or [(at, [])]  # an interval with no request: zero counts, gauges
+            for index, (stamp, batch) in enumerate(batches):
+                last = index == len(batches) - 1
+                for namespace, data in metric_data(batch, len(members), gauges if last else {}, dimensions, stamp).items():
+                    if data:
+                        backend.put_metric_data(namespace, data)
 
     def stop(self) -> None:
         self._stop.set()

@@ -186,6 +186,9 @@ class Hosting:
             else:
                 runtime = LocalEndpoint(options, self.reporter)
             runtime.start_in_thread()
+            for member in runtime.members if isinstance(runtime, LocalFleet) else [runtime]:
+                if member.endpoint is not None:  # CloudWatch gets every request, the first ones too
+                    member.endpoint.metrics.keep_samples()
         except BaseException:
             if workdir is not None:
                 workdir.cleanup()

@@ -54,6 +54,7 @@ class RequestSample(NamedTuple):
     overhead_us: float
     wait_us: float
     hit: bool | None
+    at: float = 0.0  # when it was answered (time.time()): CloudWatch files a request under its own minute
 
 # Histogram bounds in microseconds, 50 us .. 5 min (model loads of large models take minutes).
 US_BUCKETS: tuple[float, ...] = (
@@ -212,7 +213,7 @@ class EndpointMetrics:
                 stats["ModelLoadingWaitTime"].observe(wait_us)
             if self._samples is not None and len(self._samples) < MAX_SAMPLES:
                 self._samples.append(RequestSample(status, model_us, max(0.0, total_us - model_us) if total_us > 0 else 0.0,
-                                                   wait_us, hit))
+                                                   wait_us, hit, time.time()))
 
     # -- model events ---------------------------------------------------------------------------
     def model_loaded(self, load_s: float, download_s: float | None, extract_s: float | None) -> None:

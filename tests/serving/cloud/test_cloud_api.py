@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 
 import pytest
 
@@ -96,8 +97,10 @@ def test_endpoint_metrics_keep_samples_only_when_asked() -> None:
     metrics.request("a", 200, model_us=10.0, total_us=15.0, wait_us=0.0, hit=True)
     assert metrics.take_samples() == []
     metrics.keep_samples()
+    before = time.time()
     metrics.request("a", 200, model_us=10.0, total_us=15.0, wait_us=0.0, hit=True)
-    assert metrics.take_samples() == [RequestSample(200, 10.0, 5.0, 0.0, True)]
+    (sample,) = metrics.take_samples()
+    assert sample[:5] == (200, 10.0, 5.0, 0.0, True) and before <= sample.at <= time.time()
     assert metrics.take_samples() == []
 
 
