@@ -21,9 +21,10 @@ import hashlib
 import posixpath
 import tarfile
 import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from mme.errors import MmeError
 from mme.fsutil import TAR_COPY_BUFFER, gzip_backend
@@ -100,18 +101,34 @@ class Unpacked:
     sha256: str  # of the tarball
 
 
-class _HashingReader:
-    """File wrapper that hashes and counts every byte read through it."""
+class Stream(Protocol):
+    """What :func:`safe_extract` reads a tarball through: an open file, or a download as it arrives."""
 
-    def __init__(self, raw: BinaryIO) -> None:
+    def read(self, size: int = -1, /) -> bytes: ...
+
+
+class _HashingReader:
+    """File wrapper that counts every byte read through it and hashes them on a thread of its own
+    (sha256 of a 100 MB tarball is 50-65 ms, which would otherwise stall the inflater reading
+    through this). ``head`` is given back first: bytes already read from ``raw`` (the magic)."""
+
+    def __init__(self, raw: Stream, head: bytes = b"") -> None:
         self._raw = raw
-        self.digest = hashlib.sha256()
+        self._head = head
+        self._digest = hashlib.sha256()
+        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="mme-sha256")  # one thread: updates in order
+        self._last: Future | None = None
         self.count = 0
 
     def read(self, size: int = -1) -> bytes:
-        data = self._raw.read(size)
-        self.digest.update(data)
-        self.count += len(data)
+        if self._head:
+            data, self._head = (self._head, b"") if size < 0 or size >= len(self._head) else \
+                (self._head[:size], self._head[size:])
+        else:
+            data = self._raw.read(size)
+        if data:
+            self._last = self._hasher.submit(self._digest.update, data)
+            self.count += len(data)
         return data
 
     def readinto(self, buffer: bytearray | memoryview) -> int:
@@ -125,6 +142,14 @@ class _HashingReader:
     def drain(self) -> None:
         while self.read(1 << 20):
             pass
+
+    def hexdigest(self) -> str:
+        if self._last is not None:
+            self._last.result()
+        return self._digest.hexdigest()
+
+    def close(self) -> None:
+        self._hasher.shutdown(wait=True, cancel_futures=True)
 
 
 def _check_member(member: tarfile.TarInfo, seen: dict[str, bool], limits: ExtractLimits, name: str) -> str:
@@ -196,45 +221,54 @@ def _decompression_errors() -> tuple[type[BaseException], ...]:
     return errors
 
 
-def safe_extract(tarball: Path, into: Path, limits: ExtractLimits = ExtractLimits(), *, name: str | None = None,
-                 budget: DiskBudget | None = None) -> Unpacked:
+def safe_extract(tarball: Path | Stream, into: Path, limits: ExtractLimits = ExtractLimits(), *,
+                 name: str | None = None, budget: DiskBudget | None = None, size: int | None = None) -> Unpacked:
     """Stream-extract ``tarball`` into the directory ``into``, or raise an :class:`ArtifactError`.
-    ``name`` (default: the file's name) is how messages call the tarball (the object it came
-    from). Every bound is checked from the member's header, before its data is written;
-    ``budget`` stops the extraction as soon as the files would pass it (ExceedsDiskBudget)."""
-    tarball = Path(tarball)
-    name = name or tarball.name
+
+    ``tarball`` is a file, or a stream read once to its end (an object being downloaded: the
+    download feeds the inflater, nothing is written to disk first; its ``size`` in bytes, for
+    the bomb ratio). ``name`` (default: the file's name) is how messages call the tarball (the
+    object it came from). Every bound is checked from the member's header, before its data is
+    written; ``budget`` stops the extraction as soon as the files would pass it (ExceedsDiskBudget).
+    An exception the stream raises (a source that failed or changed while it was read) goes
+    through unchanged."""
+    if isinstance(tarball, (str, Path)):
+        path = Path(tarball)
+        with open(path, "rb") as fh:
+            return safe_extract(fh, into, limits, name=name or path.name, budget=budget, size=path.stat().st_size)
+    name = name or "tarball"
     members = total = 0
     seen: dict[str, bool] = {".": True}  # normalised name -> is a directory
-    compressed = max(1, tarball.stat().st_size)
-    with open(tarball, "rb") as fh:
-        if fh.read(2) != b"\x1f\x8b":
-            raise CorruptArtifact(f"{name} is not gzip-compressed; an MME model must be a .tar.gz (tar -czf)")
-        fh.seek(0)
-        hashing = _HashingReader(fh)
-        try:
-            with _gzip_reader(hashing) as gz:  # type: ignore[arg-type]  # duck-typed reader
-                with tarfile.open(fileobj=gz, mode="r|", copybufsize=TAR_COPY_BUFFER) as tar:  # type: ignore[call-overload]
-                    for member in tar:
-                        members += 1
-                        if members > limits.max_members:
-                            raise TooManyMembers(
-                                f"{name} has more than {limits.max_members} members; raise max_members or package fewer files"
-                            )
-                        _check_member(member, seen, limits, name)
-                        if member.isreg():
-                            total += member.size
-                            _check_size(total, compressed, limits, name, budget)
-                        tar.extract(member, path=into, filter="data")
-                while gz.read(1 << 20):  # the rest of the gzip stream: verifies CRC and length
-                    pass
-            hashing.drain()
-        except _decompression_errors() as exc:
-            raise CorruptArtifact(f"{name} is truncated or corrupt ({exc}); re-upload or re-package it") from None
-        except tarfile.FilterError as exc:
-            raise UnsafeArtifact(f"{name}: {exc}; rebuild the tarball with plain files") from None
-        except tarfile.TarError as exc:
-            raise CorruptArtifact(f"{name} is not a valid tar archive ({exc}); re-package it") from None
+    magic = tarball.read(2)
+    if magic != b"\x1f\x8b":
+        raise CorruptArtifact(f"{name} is not gzip-compressed; an MME model must be a .tar.gz (tar -czf)")
+    hashing = _HashingReader(tarball, magic)
+    try:
+        with _gzip_reader(hashing) as gz:  # type: ignore[arg-type]  # duck-typed reader
+            with tarfile.open(fileobj=gz, mode="r|", copybufsize=TAR_COPY_BUFFER) as tar:  # type: ignore[call-overload]
+                for member in tar:
+                    members += 1
+                    if members > limits.max_members:
+                        raise TooManyMembers(
+                            f"{name} has more than {limits.max_members} members; raise max_members or package fewer files"
+                        )
+                    _check_member(member, seen, limits, name)
+                    if member.isreg():
+                        total += member.size
+                        _check_size(total, max(1, size or hashing.count), limits, name, budget)
+                    tar.extract(member, path=into, filter="data")
+            while gz.read(1 << 20):  # the rest of the gzip stream: verifies CRC and length
+                pass
+        hashing.drain()
+        digest = hashing.hexdigest()
+    except _decompression_errors() as exc:
+        raise CorruptArtifact(f"{name} is truncated or corrupt ({exc}); re-upload or re-package it") from None
+    except tarfile.FilterError as exc:
+        raise UnsafeArtifact(f"{name}: {exc}; rebuild the tarball with plain files") from None
+    except tarfile.TarError as exc:
+        raise CorruptArtifact(f"{name} is not a valid tar archive ({exc}); re-package it") from None
+    finally:
+        hashing.close()
     if members == 0:
         raise CorruptArtifact(f"{name} is an empty archive; package the model directory into it")
-    return Unpacked(members, total, hashing.count, hashing.digest.hexdigest())
+    return Unpacked(members, total, hashing.count, digest)

@@ -33,9 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -327,24 +325,27 @@ class ModelCache:
         """Download, verify and unpack ``target``; the entry and the allocated bytes of its model directory."""
         entry_dir = self.root / cache_key(target)
         entry_dir.mkdir(exist_ok=True)
-        fd, name = tempfile.mkstemp(dir=entry_dir, prefix=".download-", suffix=".tar.gz")
-        os.close(fd)
-        tarball = Path(name)
+        info: ObjectInfo | None = None
         try:
             start = time.perf_counter()
-            info = self.source.download(target, tarball)
-            download_s = time.perf_counter() - start
-            with self._lock:
-                self._downloads += 1
             try:
-                extracted = extract_model_tarball(tarball, entry_dir / ENTRY_MODEL_DIR, self.limits, name=info.location,
-                                                  budget=self._extraction_budget())
+                # The object streams into the inflater and the tar reader as it arrives: nothing is
+                # written to disk but the model's files, and the download overlaps the extraction.
+                with self.source.open(target) as reader:
+                    info = reader.info
+                    with self._lock:
+                        self._downloads += 1
+                    extracted = extract_model_tarball(reader, entry_dir / ENTRY_MODEL_DIR, self.limits,
+                                                      name=info.location, budget=self._extraction_budget(), size=info.size)
             except CorruptArtifact as exc:
-                self._raise_if_changed(target, info, exc)
+                if info is not None:
+                    self._raise_if_changed(target, info, exc)
                 raise
+            download_s = reader.read_seconds  # waiting on the source; the rest of the wall time is ours
+            extract_s = max(0.0, time.perf_counter() - start - download_s)
             cached = CachedModel(
                 target=target, model_dir=extracted.root, tarball_bytes=info.size, sha256=extracted.sha256,
-                download_seconds=round(download_s, 6), extract_seconds=round(extracted.seconds, 6),
+                download_seconds=round(download_s, 6), extract_seconds=round(extract_s, 6),
                 source_version=info.version, layout=extracted.layout,
             )
             # Measured once, here: the extraction just wrote these files. ExtractedModel.total_bytes
@@ -353,8 +354,6 @@ class ModelCache:
             write_entry(entry_dir, cached, model_bytes)
             return cached, model_bytes
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                tarball.unlink()
             if not (entry_dir / ENTRY_FILE).exists():  # nothing was cached before: leave nothing
                 shutil.rmtree(entry_dir, ignore_errors=True)
 

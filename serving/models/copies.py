@@ -10,11 +10,12 @@ its own load in the container, as on SageMaker.
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from pathlib import Path
 
-from serving.models.store import ModelSource, ObjectInfo, TargetNotFound
+from serving.models.store import ModelSource, ObjectInfo, ObjectReader, TargetNotFound
 
 _COPY = re.compile(r"^(?P<stem>.+)-v(?P<index>\d+)\.tar\.gz$")
 FIRST_COPY = 0  # <stem>-v0 ... <stem>-v{N-1}
@@ -102,6 +103,9 @@ class CopiesSource(ModelSource):
         name, _ = self._resolve(target)
         return replace(self.inner.stat(name), target=target)
 
-    def download(self, target: str, dest: Path) -> ObjectInfo:
+    @contextlib.contextmanager
+    def open(self, target: str) -> Iterator[ObjectReader]:
         name, _ = self._resolve(target)
-        return replace(self.inner.download(name, dest), target=target)
+        with self.inner.open(name) as reader:
+            reader.info = replace(reader.info, target=target)
+            yield reader

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mme.archive import ArtifactError, DiskBudget, ExtractLimits, safe_extract
+from mme.archive import ArtifactError, DiskBudget, ExtractLimits, Stream, safe_extract
 from mme.fsutil import replace_directory
 from packager.triton_config import ModelConfigError, read_config
 
@@ -90,21 +90,26 @@ def check_layout(root: Path, tarball_name: str = "tarball") -> tuple[str, tuple[
     return "ensemble", (ensemble, *[d for d in dirs if d != ensemble])
 
 
-def extract_model_tarball(tarball: Path, dest: Path, limits: ExtractLimits = ExtractLimits(), *,
-                          name: str | None = None, budget: DiskBudget | None = None) -> ExtractedModel:
+def extract_model_tarball(tarball: Path | Stream, dest: Path, limits: ExtractLimits = ExtractLimits(), *,
+                          name: str | None = None, budget: DiskBudget | None = None,
+                          size: int | None = None) -> ExtractedModel:
     """Verify ``tarball`` and unpack it to ``dest`` (replacing it), or raise an ArtifactError leaving
-    ``dest`` as it was. ``name`` (default: the file's name) is how errors call it: the object it
+    ``dest`` as it was. ``tarball`` is a file or a stream read once as it arrives (a download, of
+    ``size`` bytes). ``name`` (default: the file's name) is how errors call it: the object it
     was downloaded from, e.g. ``s3://bucket/key``, not a temporary file. ``budget`` stops the
     extraction as soon as the files would pass it (ExceedsDiskBudget), before writing the rest."""
     start = time.perf_counter()
-    tarball, dest = Path(tarball), Path(dest)
-    name = name or tarball.name
+    dest = Path(dest)
+    if isinstance(tarball, (str, Path)):
+        tarball = Path(tarball)
+        name = name or tarball.name
+    name = name or "tarball"
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.extract-"))
     try:
         unpacked = staging / "unpacked"
         unpacked.mkdir()
-        done = safe_extract(tarball, unpacked, limits, name=name, budget=budget)
+        done = safe_extract(tarball, unpacked, limits, name=name, budget=budget, size=size)
         layout, models = check_layout(unpacked, name)
         if layout == "root-config":
             wrapped = staging / "wrapped"

@@ -3,7 +3,7 @@
 A multi-model endpoint is created with one S3 prefix (``s3://bucket/prefix/``); each request
 names a *target model*, the object name under that prefix (``resnet50-v3.tar.gz``). A
 :class:`ModelSource` lists those objects, reports each one's size and version (S3 ETag, or
-the local file's mtime) and downloads one to a local file.
+the local file's mtime) and opens one to be read as it arrives (or downloads it to a file).
 
 Target names are checked like SageMaker's ``TargetModel`` header (1 to 1,024 printable ASCII
 characters, not starting with whitespace) and, because they become paths here, must also be
@@ -18,19 +18,21 @@ is an InternalDependencyException saying how to fix it locally.
 
 from __future__ import annotations
 
+import contextlib
 import re
-import shutil
+import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from mme.aws.session import BUCKET_NAME
 from mme.errors import MmeError
 
 TARGET_MAX_CHARS = 1024  # botocore sagemaker-runtime: TargetModelHeader max 1024
+TRANSFER_CHUNK = 1 << 20  # download() copies this much at a time
 _PRINTABLE = re.compile(r"\A[\x21-\x7e][\x20-\x7e]*\Z")  # TargetModelHeader pattern \A\S[\p{Print}]*\z
-_CHUNK = 1 << 20
 # S3 error codes that mean the credentials, not the object, are the problem.
 _CREDENTIAL_CODES = frozenset({
     "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken", "TokenRefreshRequired",
@@ -117,6 +119,36 @@ class ObjectInfo:
     location: str  # s3://bucket/key or a file path, for messages
 
 
+class ObjectReader:
+    """One object read front to back as it arrives (:meth:`ModelSource.open`). ``read_seconds``: time
+    spent waiting on the source, opening included (the download's share of a fetch that unpacks as
+    bytes come). At the end, ``at_end(bytes read)`` raises a StoreError if the object ended early or
+    changed; an error in ``errors`` raised while reading becomes ``failed(error)``."""
+
+    def __init__(self, info: ObjectInfo, raw: BinaryIO, *, at_end: Callable[[int], None],
+                 errors: tuple[type[BaseException], ...] = (), failed: Callable[[BaseException], StoreError] | None = None,
+                 opened_s: float = 0.0) -> None:
+        self.info, self.read_seconds, self.count, self._ended = info, opened_s, 0, False
+        self._raw, self._at_end, self._errors, self._failed = raw, at_end, errors, failed
+
+    def read(self, size: int = -1) -> bytes:
+        start = time.perf_counter()
+        try:
+            data = self._raw.read(size)
+        except self._errors as exc:
+            raise (self._failed(exc) if self._failed else exc) from None
+        finally:
+            self.read_seconds += time.perf_counter() - start
+        self.count += len(data)
+        if not data and size != 0 and not self._ended:
+            self._ended = True
+            self._at_end(self.count)
+        return data
+
+    def readable(self) -> bool:
+        return True
+
+
 def validate_target_name(target: Any) -> str:
     """Return ``target`` if it is a valid TargetModel object name, else raise InvalidTargetName."""
     if not isinstance(target, str) or not target:
@@ -151,8 +183,17 @@ class ModelSource(ABC):
         """Size and version of one object; TargetNotFound when there is none."""
 
     @abstractmethod
+    def open(self, target: str) -> contextlib.AbstractContextManager[ObjectReader]:
+        """The object, to be read once as it arrives (one consistent read; nothing is written to
+        disk): a context manager giving an :class:`ObjectReader`. The errors of :meth:`stat` when
+        it cannot be opened; a StoreError from the reader when it fails or changes while read."""
+
     def download(self, target: str, dest: Path) -> ObjectInfo:
         """Write the object's bytes to ``dest`` and return what was downloaded (one consistent read)."""
+        with self.open(target) as reader, open(dest, "wb") as fh:
+            while block := reader.read(TRANSFER_CHUNK):
+                fh.write(block)
+        return reader.info
 
 
 class LocalDirSource(ModelSource):
@@ -191,14 +232,21 @@ class LocalDirSource(ModelSource):
     def stat(self, target: str) -> ObjectInfo:
         return self._info(target, self._path(target))
 
-    def download(self, target: str, dest: Path) -> ObjectInfo:
+    @contextlib.contextmanager
+    def open(self, target: str) -> Iterator[ObjectReader]:
         path = self._path(target)
         before = self._info(target, path)
-        shutil.copyfile(path, dest)
-        after = self._info(target, path)
-        if after != before or Path(dest).stat().st_size != before.size:
-            raise ArtifactChanged(f"{path} changed while it was copied; retry once the file is completely written")
-        return before
+
+        def at_end(count: int) -> None:
+            try:
+                after = self._info(target, path)
+            except TargetNotFound:
+                after = None
+            if after != before or count != before.size:
+                raise ArtifactChanged(f"{path} changed while it was read; retry once the file is completely written")
+
+        with open(path, "rb") as fh:
+            yield ObjectReader(before, fh, at_end=at_end)
 
 
 class S3Source(ModelSource):
@@ -313,23 +361,30 @@ class S3Source(ModelSource):
             raise self._fail(exc, target) from None
         return ObjectInfo(target, int(head["ContentLength"]), head["ETag"].strip('"'), f"s3://{self.bucket}/{key}")
 
-    def download(self, target: str, dest: Path) -> ObjectInfo:
+    @contextlib.contextmanager
+    def open(self, target: str) -> Iterator[ObjectReader]:
         key = self._key(target)
+        start = time.perf_counter()
         try:
             reply = self._client.get_object(Bucket=self.bucket, Key=key)
-            info = ObjectInfo(target, int(reply["ContentLength"]), reply["ETag"].strip('"'), f"s3://{self.bucket}/{key}")
-            body = reply["Body"]
-            try:
-                with open(dest, "wb") as fh:
-                    for block in body.iter_chunks(_CHUNK):
-                        fh.write(block)
-            finally:
-                body.close()
         except self._errors() as exc:
             raise self._fail(exc, target) from None
-        if Path(dest).stat().st_size != info.size:
-            raise SourceUnavailable(f"download of {info.location} ended early; retry", retryable=True)
-        return info
+        info = ObjectInfo(target, int(reply["ContentLength"]), reply["ETag"].strip('"'), f"s3://{self.bucket}/{key}")
+
+        def at_end(count: int) -> None:
+            if count != info.size:
+                raise SourceUnavailable(f"download of {info.location} ended early ({count:,} of {info.size:,} bytes)"
+                                        "; retry", retryable=True)
+
+        def failed(exc: BaseException) -> StoreError:
+            return SourceUnavailable(f"download of {info.location} failed ({type(exc).__name__}: {exc})", retryable=True)
+
+        body = reply["Body"]
+        try:
+            yield ObjectReader(info, body, at_end=at_end, errors=(*self._errors(), OSError), failed=failed,
+                               opened_s=time.perf_counter() - start)
+        finally:
+            body.close()
 
 
 def source_from_uri(uri: str, endpoint_url: str | None = None) -> ModelSource:

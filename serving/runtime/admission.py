@@ -95,8 +95,9 @@ class Admission:
         self.unloads_done = 0  # unloads finished, to tell whether one ran during a measurement
 
     # -- memory --------------------------------------------------------------------------
-    def record_memory(self) -> int:
-        used = self.memory_probe()
+    def record_memory(self, used: int | None = None) -> int:
+        """Record memory in use: ``used`` when just measured, else a reading taken now."""
+        used = self.memory_probe() if used is None else used
         self.metrics.memory(used, self.limit, len(self.loaded))
         return used
 

@@ -325,7 +325,8 @@ class MultiModelEndpoint:
                 overlapped = overlapped or self._admission.crowded()
                 await self._admission.release(reserved)
             load_s = time.perf_counter() - started
-            footprint = max(0, self.memory_probe() - before)
+            after = self.memory_probe()
+            footprint = max(0, after - before)
             overlapped = overlapped or self._admission.unloads_done != unloads_before
             workers = await asyncio.to_thread(self._recovery.worker_processes, target)
             if overlapped and workers and self.config.footprint_from_workers:
@@ -338,7 +339,7 @@ class MultiModelEndpoint:
             fresh = not cached.cache_hit
             self.metrics.model_loaded(load_s, cached.download_seconds if fresh else None,
                                       cached.extract_seconds if fresh else None)
-            used = self._record_memory()
+            used = self._admission.record_memory(after)
             no_room = self._admission.took_over_threshold(target)
             if self._admission.above_threshold(used):
                 self.metrics.load_above_threshold()

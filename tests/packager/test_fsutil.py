@@ -79,3 +79,35 @@ def test_without_isal_tarballs_go_through_zlib_in_the_same_format(tmp_path, monk
     deterministic_tar_gz(src, "m", tmp_path / "zlib.tar.gz", compressor="zlib")
     assert sha256_of(tmp_path / "default.tar.gz") == sha256_of(tmp_path / "zlib.tar.gz")
     assert gzip.decompress((tmp_path / "default.tar.gz").read_bytes())[:1] == b"m"
+
+
+def test_weights_that_barely_deflate_are_stored_and_every_gzip_reader_reads_the_members(tmp_path):
+    """Parts of files that deflate by less than STORE_BELOW_RATIO (model weights) are stored
+    blocks, so unpacking them is a copy; text still deflates. The tarball is a series of gzip
+    members, which the standard library's gzip and tarfile read as one stream."""
+    import gzip
+    import io
+    import random
+    import tarfile
+
+    from mme.archive import safe_extract
+
+    src = tmp_path / "m"
+    (src / "1").mkdir(parents=True)
+    weights = random.Random(7).randbytes(9 << 20)  # three 4 MiB copy chunks of incompressible floats
+    text = b"max_batch_size: 8\n" * 300_000  # 5.4 MB that deflates hundreds of times
+    (src / "1" / "model.onnx").write_bytes(weights)
+    (src / "1" / "vocab.txt").write_bytes(text)
+    (src / "config.pbtxt").write_text("max_batch_size: 8\n")
+    deterministic_tar_gz(src, "m", tmp_path / "stored.tar.gz")
+    deterministic_tar_gz(src, "m", tmp_path / "deflated.tar.gz", compressor="zlib")
+    stored = (tmp_path / "stored.tar.gz").stat().st_size
+    assert len(weights) < stored < len(weights) * 1.002 + len(text) / 50  # weights stored as they are, text deflated
+    data = (tmp_path / "stored.tar.gz").read_bytes()
+    assert data.count(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff") >= 4  # several gzip members
+    assert gzip.decompress(data) == gzip.decompress((tmp_path / "deflated.tar.gz").read_bytes())
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        assert tar.extractfile("m/1/model.onnx").read() == weights  # type: ignore[union-attr]
+    done = safe_extract(tmp_path / "stored.tar.gz", tmp_path / "out")
+    assert (tmp_path / "out" / "m" / "1" / "vocab.txt").read_bytes() == text and done.tarball_bytes == stored
+    assert done.sha256 == sha256_of(tmp_path / "stored.tar.gz")

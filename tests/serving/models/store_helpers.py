@@ -3,6 +3,7 @@ that watches the cache's downloads, threads started together."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import tarfile
@@ -11,10 +12,10 @@ import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 from serving.runtime.errors_sagemaker import HttpReply
-from serving.models.store import ModelSource, ObjectInfo
+from serving.models.store import ModelSource, ObjectInfo, ObjectReader
 from serving.triton.config import free_ports
 
 T = TypeVar("T")
@@ -106,11 +107,13 @@ class WatchedSource(ModelSource):
     def stat(self, target: str) -> ObjectInfo:
         return self.inner.stat(target)
 
-    def download(self, target: str, dest: Path) -> ObjectInfo:
+    @contextlib.contextmanager
+    def open(self, target: str) -> Iterator[ObjectReader]:
         with self._lock:
             self.on_download(target)
         time.sleep(self.delay_s)
-        return self.inner.download(target, dest)
+        with self.inner.open(target) as reader:
+            yield reader
 
 
 def run_together(work: Callable[[int], T], threads: int = 8, timeout_s: float = 30.0) -> tuple[list[T], list[BaseException]]:

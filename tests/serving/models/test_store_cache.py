@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ from mme.fsutil import sha256_of
 from serving.models.cache import ModelCache
 from serving.models.cache_entries import CachedModel, cache_key
 from mme.archive import CorruptArtifact, UnsafeArtifact
-from serving.models.store import ArtifactChanged, InvalidTargetName, LocalDirSource, ModelSource, ObjectInfo, TargetNotFound, source_from_uri
+from serving.models.store import ArtifactChanged, InvalidTargetName, LocalDirSource, ModelSource, ObjectReader, TargetNotFound, source_from_uri
 from tests.serving.models.store_helpers import Member, WatchedSource, model_members, run_together, tree, write_tarball
 
 
@@ -196,19 +198,22 @@ def test_cache_over_s3_with_the_real_artifact(moto_server, aws_env, packaged_tes
 
 
 class FinishingWriter(CountingSource):
-    """The object is caught half-written: the first download copies a truncated file, and the
+    """The object is caught half-written: the first download reads a truncated file, and the
     writer completes it right after (as `cp` or a slow upload into the models directory would)."""
 
     def __init__(self, inner: ModelSource, path: Path, complete: bytes) -> None:
         super().__init__(inner)
         self.path, self.complete = path, complete
 
-    def download(self, target: str, dest: Path) -> ObjectInfo:
-        info = super().download(target, dest)
-        if self.path.read_bytes() != self.complete:
-            self.path.write_bytes(self.complete)
-            _bump_mtime(self.path)
-        return info
+    @contextlib.contextmanager
+    def open(self, target: str) -> Iterator[ObjectReader]:
+        try:
+            with super().open(target) as reader:
+                yield reader
+        finally:
+            if self.path.read_bytes() != self.complete:
+                self.path.write_bytes(self.complete)
+                _bump_mtime(self.path)
 
 
 def test_a_tarball_caught_half_written_is_retryable_not_corrupt(tmp_path: Path, tiny_tarball: Path) -> None:

@@ -10,9 +10,11 @@ authorisation switched on (moto's /moto-api/reset-auth) for a genuine AccessDeni
 from __future__ import annotations
 
 import json
+import threading
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -186,3 +188,48 @@ def test_refused_credentials_stay_internal_dependency(locked_s3: LockedS3) -> No
     with pytest.raises(SourceUnavailable, match=r"S3 refused the AWS credentials in use \(InvalidAccessKeyId\)") as info:
         source.stat("secret.tar.gz")  # a bodyless 403 to HeadObject: asked again with GetObject to tell why
     _expect_internal_dependency(info.value)
+
+
+# -- an S3 whose object's body ends early --------------------------------------------------------
+
+
+class _ShortBodyHandler(BaseHTTPRequestHandler):
+    """Answers every GET with the whole tarball's Content-Length and ETag, then half its bytes,
+    and closes the connection: a download cut off mid-object."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+        data: bytes = self.server.data  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("ETag", '"0123456789abcdef"')
+        self.send_header("Content-Type", "application/x-gzip")
+        self.end_headers()
+        self.wfile.write(data[: len(data) // 2])
+        self.wfile.flush()
+        self.close_connection = True
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_a_download_cut_off_mid_object_is_retryable_and_leaves_nothing(aws_env, tmp_path: Path, tiny_tarball: Path) -> None:
+    """The object streams into the extraction as it arrives: a body that ends early is a
+    retryable SourceUnavailable (InternalDependencyException), not a corrupt model, and the
+    cache keeps nothing of it."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ShortBodyHandler)
+    server.data = tiny_tarball.read_bytes()  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        source = S3Source(BUCKET, "mme", endpoint_url=f"http://127.0.0.1:{server.server_address[1]}")
+        cache = ModelCache(tmp_path / "cache", source, revalidate=False)
+        with pytest.raises(SourceUnavailable, match=r"download of s3://mme-download-errors/mme/tiny\.tar\.gz") as info:
+            cache.fetch("tiny.tar.gz")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert info.value.retryable is True
+    _expect_internal_dependency(info.value)
+    assert cache.entries() == () and list((tmp_path / "cache").iterdir()) == []
