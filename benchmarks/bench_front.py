@@ -1,12 +1,14 @@
 """The local front's added cost over calling the container directly, side by side, with Triton
 in its own network namespace (the default) and on the host's network.
 
-    python benchmarks/bench_front.py [--requests 400] [--clients 1,16] [--networks private,host]
+    python benchmarks/bench_front.py [--requests 1600] [--rounds 3] [--clients 1,16] [--networks private,host]
 
 A trivial python-backend model (identity on 4 floats) is served by the real Triton; the same
 HTTP client (one keep-alive session per client thread) calls Triton's MME invoke route
 directly (through the Unix-socket relay when Triton is isolated) and then the front's
-/endpoints/{name}/invocations. For each ``--triton-network`` it prints p50/p99 latency and
+/endpoints/{name}/invocations, in ``--rounds`` alternating rounds (direct, front, direct, ...: drift
+on the machine falls on both alike), each ``--requests`` requests spread over the clients. For
+each ``--triton-network`` it prints the median over the rounds of p50/p99 latency and
 requests/s of both routes, the p50 added by the front and the throughput ratio; then what
 isolation costs at the front (p50 and requests/s, private against host). Writes
 results/bench_front.json.
@@ -132,7 +134,14 @@ def tree_environment(tree: Path | None) -> dict:
     return {"env": child_env(root=tree), "cwd": str(tree)}
 
 
-def measure(models: Path, network: str, clients_list: list[int], requests_per: int, tree: Path | None) -> list[dict]:
+def median_run(runs: list[dict]) -> dict:
+    """Per figure, the median over rounds (requests and failures summed)."""
+    return {key: (sum(r[key] for r in runs) if key in ("requests", "failures") else
+                  round(statistics.median(r[key] for r in runs), 3)) for key in runs[0]}
+
+
+def measure(models: Path, network: str, clients_list: list[int], requests_per: int, tree: Path | None,
+            rounds: int = 3) -> list[dict]:
     """Rows for one ``mme serve --triton-network network``: direct and front figures per client count."""
     body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}).encode()
     headers = {"Content-Type": "application/json"}
@@ -158,9 +167,12 @@ def measure(models: Path, network: str, clients_list: list[int], requests_per: i
         drive(direct, headers, body, 1, 20)
         for clients in clients_list:
             per_client = max(1, requests_per // clients)
-            d = drive(direct, headers, body, clients, per_client)
-            f = drive(front, front_headers, body, clients, per_client)
-            rows.append({"network": network, "clients": clients, "direct": d, "front": f,
+            directs, fronts = [], []
+            for _ in range(rounds):
+                directs.append(drive(direct, headers, body, clients, per_client))
+                fronts.append(drive(front, front_headers, body, clients, per_client))
+            d, f = median_run(directs), median_run(fronts)
+            rows.append({"network": network, "clients": clients, "direct": d, "front": f, "rounds": rounds,
                          "added_p50_ms": round(f["p50_ms"] - d["p50_ms"], 3),
                          "throughput_ratio": round(f["rps"] / d["rps"], 3)})
     finally:
@@ -186,7 +198,8 @@ def isolation_cost(rows: list[dict]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=400, help="requests per client count and route")
+    parser.add_argument("--requests", type=int, default=1600, help="requests per client count, route and round")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per route (medians are printed)")
     parser.add_argument("--clients", default="1,16")
     parser.add_argument("--networks", default="private,host", help="--triton-network values to run, in order")
     parser.add_argument("--out", type=Path, default=Path("results"))
@@ -197,18 +210,20 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         models = trivial_model(Path(tmp))
         for network in args.networks.split(","):
-            rows += measure(models, network, clients_list, args.requests, args.tree)
+            rows += measure(models, network, clients_list, args.requests, args.tree, args.rounds)
     print(f"{'network':>8} {'clients':>7} {'direct p50':>11} {'front p50':>10} {'added p50':>10} {'direct rps':>11} "
           f"{'front rps':>10} {'ratio':>6}")
     for r in rows:
         print(f"{r['network']:>8} {r['clients']:>7} {r['direct']['p50_ms']:>9.2f}ms {r['front']['p50_ms']:>8.2f}ms "
               f"{r['added_p50_ms']:>8.2f}ms {r['direct']['rps']:>11.1f} {r['front']['rps']:>10.1f} "
               f"{r['throughput_ratio']:>6.2f}")
+    print("added p50: front p50 - direct p50; ratio: front rps / direct rps (issue 33's targets: at most 0.5 ms "
+          "at 1 client, at least 0.95 at 16)")
     cost = isolation_cost(rows)
     for c in cost:
         print(f"isolation at {c['clients']} client(s): front p50 {c['front_p50_ms']['private']:.2f} ms private vs "
               f"{c['front_p50_ms']['host']:.2f} ms host ({c['added_p50_ms']:+.2f} ms); throughput ratio {c['rps_ratio']:.2f}")
-    save_result(args.out, "bench_front.json", {"schema_version": 2, "rows": rows, "isolation_cost": cost})
+    save_result(args.out, "bench_front.json", {"schema_version": 3, "rows": rows, "isolation_cost": cost})
     return 0
 
 

@@ -22,9 +22,9 @@ So the copy runs to its answer in the background, and :meth:`Forwarder.outstandi
 request of a target that the container may still be running; ``on_idle(target)`` is called when
 that count drops to zero.
 
-The wire protocol (path, target header) comes from serving/triton/container.py; a connection that
-gives no answer raises its :class:`~serving.triton.container.ContainerUnreachable`, as the management
-calls do.
+The wire protocol (path, target header) comes from serving/triton/container.py, the HTTP client
+from serving/triton/invoke_http.py; a connection that gives no answer raises
+:class:`~serving.triton.container.ContainerUnreachable`, as the management calls do.
 """
 
 from __future__ import annotations
@@ -33,11 +33,9 @@ import asyncio
 from collections import Counter
 from typing import Callable, Mapping
 
-import aiohttp
-
 from serving.models.cache_entries import cache_key
 from serving.triton.container import INVOCATIONS_PATH, invoke_headers, invoke_path, unreachable
-from serving.triton.container_transport import aiohttp_connector
+from serving.triton.invoke_http import KeepAlivePool
 
 MIN_HEDGE_S = 0.05  # never send a second copy sooner than this
 HEDGE_FACTOR = 4.0  # ... or sooner than this many times the target's usual latency
@@ -54,8 +52,7 @@ Reply = tuple[int, Mapping[str, str], bytes]
 class Forwarder:
     def __init__(self, base_url: str, timeout_s: float, *, loads_in_flight: Callable[[], int],
                  on_idle: Callable[[str], None] | None = None, single_model: bool = False) -> None:
-        pooled, self.base_url = aiohttp_connector(base_url, limit=256, keepalive_timeout=60)
-        fresh, _ = aiohttp_connector(base_url, limit=0, force_close=True)
+        self._pool = KeepAlivePool(base_url, limit=256)
         self.timeout_s = timeout_s
         self._loads_in_flight = loads_in_flight
         self._on_idle = on_idle
@@ -64,9 +61,7 @@ class Forwarder:
         self._latency: dict[str, float] = {}  # EWMA of each target's answered invocations, seconds
         self.hedged = 0  # second copies sent
         self.single_model = single_model  # a real-time endpoint's container: POST /invocations, no target
-        no_timeout = aiohttp.ClientTimeout(total=None)
-        self._pooled = aiohttp.ClientSession(connector=pooled, timeout=no_timeout)
-        self._fresh = aiohttp.ClientSession(connector=fresh, timeout=no_timeout)
+        self._paths: dict[str, str] = {}  # target -> its invoke path (the hash of its name)
 
     def outstanding(self, target: str) -> int:
         """Requests of ``target`` sent to the container and not answered yet (slower copies included)."""
@@ -75,14 +70,13 @@ class Forwarder:
     async def close(self) -> None:
         for task in list(self._stragglers):
             task.cancel()
-        await self._pooled.close()
-        await self._fresh.close()
+        self._pool.close()
 
     async def invoke(self, target: str, body: bytes, content_type: str, accept: str | None) -> Reply:
         if self.single_model:
-            headers, url = invoke_headers(content_type, accept, None), self.base_url + INVOCATIONS_PATH
+            headers, url = invoke_headers(content_type, accept, None), INVOCATIONS_PATH
         else:
-            headers, url = invoke_headers(content_type, accept, target), self.base_url + invoke_path(cache_key(target))
+            headers, url = invoke_headers(content_type, accept, target), self._path(target)
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
@@ -90,7 +84,7 @@ class Forwarder:
                 if self._loads_in_flight():
                     reply = await self._hedged(target, url, body, headers)
                 else:
-                    reply = await self._post(self._pooled, url, body, headers, target)
+                    reply = await self._post(url, body, headers, target)
         except TimeoutError:
             raise InvocationTimedOut(target) from None
         seconds = loop.time() - started
@@ -98,12 +92,19 @@ class Forwarder:
         self._latency[target] = seconds if previous is None else previous + EWMA_WEIGHT * (seconds - previous)
         return reply
 
-    async def _post(self, session: aiohttp.ClientSession, url: str, body: bytes, headers: dict, target: str) -> Reply:
+    def _path(self, target: str) -> str:
+        path = self._paths.get(target)
+        if path is None:
+            if len(self._paths) > 4096:  # targets are unbounded: keep the cache small
+                self._paths.clear()
+            path = self._paths[target] = invoke_path(cache_key(target))
+        return path
+
+    async def _post(self, path: str, body: bytes, headers: dict, target: str, fresh: bool = False) -> Reply:
         self._outstanding[target] += 1
         try:
-            async with session.post(url, data=body, headers=headers) as response:
-                return response.status, response.headers, await response.read()
-        except aiohttp.ClientError as exc:
+            return await self._pool.post(path, headers, body, fresh=fresh)
+        except OSError as exc:  # no answer (refused, reset, not HTTP): the container is unreachable
             raise unreachable(exc) from exc
         finally:
             self._outstanding[target] -= 1
@@ -113,13 +114,13 @@ class Forwarder:
                     self._on_idle(target)
 
     async def _hedged(self, target: str, url: str, body: bytes, headers: dict) -> Reply:
-        pending = {asyncio.ensure_future(self._post(self._fresh, url, body, headers, target))}
+        pending = {asyncio.ensure_future(self._post(url, body, headers, target, fresh=True))}
         hedge_after = max(MIN_HEDGE_S, HEDGE_FACTOR * self._latency.get(target, 0.0))
         try:
             done, pending = await asyncio.wait(pending, timeout=hedge_after)
             if not done:
                 self.hedged += 1
-                pending.add(asyncio.ensure_future(self._post(self._fresh, url, body, headers, target)))
+                pending.add(asyncio.ensure_future(self._post(url, body, headers, target, fresh=True)))
             error: BaseException | None = None
             while True:
                 for task in done:

@@ -3,25 +3,21 @@ or, for ``http+netns://<broker socket>:<port>`` ones (Triton in a network namesp
 serving/triton/netns.py), a TCP socket made inside that namespace by its broker
 (serving/triton/netns_broker.py), handed over the broker's Unix socket and then connected to
 ``127.0.0.1:<port>`` there: the client talks to Triton directly, nothing relays its bytes.
-:func:`http_session` for ``requests`` (serving/triton/container.py), :func:`aiohttp_connector` for
-aiohttp (serving/runtime/forward.py)."""
+:func:`http_session` for ``requests`` (serving/triton/container.py); the invocations' client
+(serving/triton/invoke_http.py) takes its sockets from :func:`netns_socket`."""
 
 from __future__ import annotations
 
 import os
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
-import aiohttp
 import requests
 from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection
 from urllib3.connectionpool import HTTPConnectionPool
 from urllib3.exceptions import NewConnectionError
-
-if TYPE_CHECKING:
-    import aiohttp
 
 NETNS_SCHEME = "http+netns"  # http+netns://<percent-encoded broker socket>:<port>/path
 
@@ -113,13 +109,3 @@ def http_session() -> requests.Session:
     return session
 
 
-def aiohttp_connector(base_url: str, **options: Any) -> tuple[aiohttp.BaseConnector, str]:
-    """An aiohttp connector for ``base_url`` and the base URL to use with it; ``options`` go to
-    the connector. For an ``http+netns://`` URL the connector's sockets come from the broker
-    (aiohttp's ``socket_factory``) and the base URL is ``http://127.0.0.1:<port>``."""
-    address = netns_address(base_url)
-    if address is None:
-        return aiohttp.TCPConnector(**options), base_url.rstrip("/")
-    broker, port = address
-    return (aiohttp.TCPConnector(socket_factory=lambda _addr_info: netns_socket(broker, 10.0), **options),
-            f"http://127.0.0.1:{port}")
