@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from mme.archive import CorruptArtifact, DiskBudget, ExtractLimits
+from mme.archive import CorruptArtifact, DiskBudget, ExtractLimits, prepare_reader
 from mme.errors import MmeError
 from serving.models.cache_entries import (
     ENTRY_FILE,
@@ -99,6 +99,7 @@ class ModelCache:
             raise ValueError(f"disk_limit_bytes must be positive or None, got {disk_limit_bytes}")
         self.root = Path(root).resolve()  # the container resolves a relative url against its own cwd
         self.root.mkdir(parents=True, exist_ok=True)
+        prepare_reader()  # once here, not on the first request's path
         self.source = source
         self.limits = limits
         self.revalidate = revalidate  # False: a cached copy is used without asking the source

@@ -38,10 +38,13 @@ class ProcessTreeMemory:
     timestamp: float  # time.time()
 
 
-def process_tree_memory(pids: Iterable[int]) -> ProcessTreeMemory:
-    """Memory of the given processes (e.g. ``server.pids()``); vanished ones are skipped."""
+def process_tree_memory(pids: Iterable[int], *, uss: bool = True) -> ProcessTreeMemory:
+    """Memory of the given processes (e.g. ``server.pids()``); vanished ones are skipped.
+    ``uss=False`` reads RSS only (``uss_bytes`` None): USS parses each process's smaps, which cost
+    the endpoint's event loop 90% of its time under thrash (25 python-backend stubs, a reading at
+    every admission), and eviction goes by RSS."""
     rss = 0
-    uss: int | None = 0
+    unique: int | None = 0 if uss else None
     count = 0
     for pid in pids:
         try:
@@ -50,18 +53,19 @@ def process_tree_memory(pids: Iterable[int]) -> ProcessTreeMemory:
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
         except psutil.AccessDenied:
-            uss = None
+            unique = None
             continue
-        try:
-            uss_one: int | None = proc.memory_full_info().uss
-        except (psutil.AccessDenied, psutil.ZombieProcess):
-            uss_one = None
-        except psutil.NoSuchProcess:
-            continue
+        if unique is not None:
+            try:
+                uss_one: int | None = proc.memory_full_info().uss
+            except (psutil.AccessDenied, psutil.ZombieProcess):
+                uss_one = None
+            except psutil.NoSuchProcess:
+                continue
+            unique = None if uss_one is None else unique + uss_one
         rss += rss_one
         count += 1
-        uss = None if uss is None or uss_one is None else uss + uss_one
-    return ProcessTreeMemory(rss_bytes=rss, uss_bytes=uss, processes=count, timestamp=time.time())
+    return ProcessTreeMemory(rss_bytes=rss, uss_bytes=unique, processes=count, timestamp=time.time())
 
 
 @dataclass(frozen=True)
@@ -213,7 +217,7 @@ class HostMemoryMeter(MemoryMeter):
         self.pids = pids
 
     def used(self) -> int:
-        return process_tree_memory(self.pids()).rss_bytes
+        return process_tree_memory(self.pids(), uss=False).rss_bytes
 
     def total(self) -> int:
         return psutil.virtual_memory().total

@@ -330,7 +330,7 @@ class MultiModelEndpoint:
             overlapped = overlapped or self._admission.unloads_done != unloads_before
             workers = await asyncio.to_thread(self._recovery.worker_processes, target)
             if overlapped and workers and self.config.footprint_from_workers:
-                own = process_tree_memory(p.pid for p in workers).rss_bytes
+                own = process_tree_memory((p.pid for p in workers), uss=False).rss_bytes
                 if own > 0:
                     footprint, overlapped = own, False
             self._loaded[target] = LoadedEntry(target, cached, footprint, load_s, footprint_shared=overlapped,

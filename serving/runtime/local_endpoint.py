@@ -9,6 +9,7 @@ import contextlib
 import os
 import re
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Coroutine, Mapping
@@ -127,9 +128,18 @@ def _check_engines(manifest) -> None:
                        compute_capability=gpu_compute_capability(), where="this host's GPU")
 
 
+BLOCKING_CALLS = 64  # threads for the loop's blocking calls: container loads and unloads, fetches
+
+
 def new_event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop's loop (libuv): the front's per-request cost is what the endpoint adds to latency."""
-    return uvloop.new_event_loop()
+    """uvloop's loop (libuv): the front's per-request cost is what the endpoint adds to latency.
+    Its default executor runs the blocking calls (``asyncio.to_thread``): each container load or
+    unload holds a thread for its whole duration (the python backend's take about 2 s), and the
+    standard default (cores + 4: 6 threads on 2 cores) ran at most 6 at once, loads queueing
+    behind unloads; BLOCKING_CALLS leaves the container to set how many run together."""
+    loop = uvloop.new_event_loop()
+    loop.set_default_executor(ThreadPoolExecutor(BLOCKING_CALLS, thread_name_prefix="mme-blocking"))
+    return loop
 
 
 def start_loop_thread(start: Callable[[], Coroutine[Any, Any, None]], name: str) -> tuple[asyncio.AbstractEventLoop, threading.Thread]:

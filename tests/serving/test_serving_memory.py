@@ -20,6 +20,7 @@ def test_process_tree_memory_sums_live_processes_and_skips_gone_ones():
         child.stdout.readline()  # the 64 MiB are allocated (and zeroed, so resident)
         alone = memory.process_tree_memory([child.pid])
         both = memory.process_tree_memory([os.getpid(), child.pid, int(gone.stdout)])
+        rss_only = memory.process_tree_memory([child.pid], uss=False)  # what the endpoint's meter reads
     finally:
         child.kill()
         child.wait()
@@ -27,6 +28,7 @@ def test_process_tree_memory_sums_live_processes_and_skips_gone_ones():
     assert both.processes == 2 and both.rss_bytes > alone.rss_bytes
     assert both.uss_bytes is not None and 0 < both.uss_bytes <= both.rss_bytes
     assert both.timestamp > 0
+    assert rss_only.uss_bytes is None and rss_only.processes == 1 and rss_only.rss_bytes > 64 << 20
 
 
 def test_no_pids_reads_zero():
