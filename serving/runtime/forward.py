@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from typing import Callable, Mapping
+from typing import Callable
 
 from serving.models.cache_entries import cache_key
 from serving.triton.container import INVOCATIONS_PATH, invoke_headers, invoke_path, unreachable
-from serving.triton.invoke_http import KeepAlivePool
+from serving.triton.invoke_http import KeepAlivePool, Reply
 
 MIN_HEDGE_S = 0.05  # never send a second copy sooner than this
 HEDGE_FACTOR = 4.0  # ... or sooner than this many times the target's usual latency
@@ -44,9 +44,6 @@ EWMA_WEIGHT = 0.2
 
 class InvocationTimedOut(Exception):
     """The container did not answer within the invocation timeout."""
-
-
-Reply = tuple[int, Mapping[str, str], bytes]
 
 
 class Forwarder:
