@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
@@ -37,12 +38,38 @@ def netns_address(base_url: str) -> tuple[str, int] | None:
     return unquote(broker), int(port)
 
 
+BACKLOG_RETRY_MAX_S = 0.05  # the longest pause between tries while the broker's backlog is full
+
+
+def _broker_connection(broker: str, timeout_s: float | None) -> socket.socket:
+    """A Unix connection to the broker. With a timeout the socket is non-blocking, and Linux
+    answers a connect to a listener whose backlog is full with EAGAIN at once (a blocking connect
+    would wait for room): many callers at once on a slow host (capacity's 200) fill it faster than
+    the broker accepts. Such a connect is tried again, on a new socket, until ``timeout_s``."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    pause = 0.001
+    while True:
+        unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        unix.settimeout(timeout_s)
+        try:
+            unix.connect(broker)
+            return unix
+        except BlockingIOError:
+            unix.close()
+            if deadline is not None and time.monotonic() + pause > deadline:
+                raise TimeoutError(f"the socket broker {broker} accepted no connection in {timeout_s:g} s "
+                                   "(its backlog stayed full)") from None
+            time.sleep(pause)
+            pause = min(2 * pause, BACKLOG_RETRY_MAX_S)
+        except BaseException:
+            unix.close()
+            raise
+
+
 def netns_socket(broker: str, timeout_s: float | None = None) -> socket.socket:
     """A new, unconnected TCP socket made inside the namespace, from its broker (connect it to
     ``127.0.0.1:<port>``: it reaches that namespace's loopback). OSError when the broker is gone."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as unix:
-        unix.settimeout(timeout_s)
-        unix.connect(broker)
+    with _broker_connection(broker, timeout_s) as unix:
         _, fds, _, _ = socket.recv_fds(unix, 16, 1)
     if not fds:
         raise ConnectionResetError(f"the socket broker {broker} sent no socket")

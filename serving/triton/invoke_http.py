@@ -179,7 +179,8 @@ class KeepAlivePool:
         if self._broker is None:
             _, connection = await loop.create_connection(_Connection, *self._address)
         else:  # a socket made inside Triton's network namespace
-            sock = netns_socket(self._broker, CONNECT_TIMEOUT_S)
+            # off the loop: a broker whose backlog is full is tried again until the timeout
+            sock = await loop.run_in_executor(None, netns_socket, self._broker, CONNECT_TIMEOUT_S)
             try:
                 sock.setblocking(False)
                 await asyncio.wait_for(loop.sock_connect(sock, self._address), CONNECT_TIMEOUT_S)

@@ -72,7 +72,7 @@ def listen(path: Path) -> socket.socket:
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(path))
     os.chmod(path, 0o600)
-    server.listen(128)
+    server.listen(socket.SOMAXCONN)  # capacity sends 200 callers at once
     return server
 
 
