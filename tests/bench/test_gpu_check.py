@@ -215,14 +215,20 @@ def test_copies_stop_at_the_cap_or_the_deadline_and_say_which():
 
 
 def test_copies_measured_with_the_host_meter():
+    import mmap
     import os
 
     size = 48 * MIB
     alive = []
 
-    def load_copy(*_args) -> bytes:
-        alive.append(b"\x01" * size)  # every page written: resident
-        return alive[-1]
+    def load_copy(*_args) -> mmap.mmap:
+        # fresh pages of its own (malloc could hand back heap pages earlier tests left resident),
+        # every one written: resident
+        region = mmap.mmap(-1, size)
+        for offset in range(0, size, mmap.PAGESIZE):
+            region[offset] = 1
+        alive.append(region)
+        return region
 
     meter = meter_for("cpu", lambda: [os.getpid()])
     result = fill_copies(load_copy, load_copy, meter, limit=1 << 40, limit_source="", threshold=0.9, max_copies=3,
