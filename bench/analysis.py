@@ -23,6 +23,9 @@ Definitions (also written into ``summary.json``):
   cut short by the end of the run) with requests and no failure, before the first stage
   that had a failure or finished no request at all (``unanswered_stages``: nothing can be
   said of it). **Users at first failure**: the ``users`` column of the earliest failed request.
+* **Breaking point**: the first stage with a failed request (its users, failures and requests),
+  and the last stage before it that ran to its end with requests and no failure: its users and
+  requests/s are the load the endpoint held before it broke.
 * **Max error-free throughput**: the highest requests/s of a stage with requests and no
   failure, held at least ``SUSTAINED_MIN_S`` (10 s) and not cut short: a shorter stage is a
   burst, not a throughput the endpoint sustains.
@@ -126,6 +129,20 @@ def _max_users_without_failure(stages: tuple[StageSummary, ...]) -> int | None:
     return best
 
 
+def _breaking_point(stages: tuple[StageSummary, ...]) -> dict:
+    """The first stage with failures, and the last one before it that ran to its end with requests
+    and no failure: the load the endpoint held before it broke (Overall's breaking_* fields)."""
+    broken = next((s for s in stages if s.failures), None)
+    if broken is None:
+        return {}
+    held = [s for s in stages if s.stage < broken.stage and s.error_free and not s.partial]
+    before = held[-1] if held else None
+    return {"breaking_stage": broken.stage, "breaking_users": broken.users, "breaking_failures": broken.failures,
+            "breaking_requests": broken.requests, "before_breaking_stage": before.stage if before else None,
+            "before_breaking_users": before.users if before else None,
+            "before_breaking_rps": before.requests_per_s if before else None}
+
+
 def _top_errors(by_stage: dict[int, StageRequests]) -> tuple[dict, ...]:
     reasons: Counter = Counter()
     for reqs in by_stage.values():
@@ -178,6 +195,7 @@ def _overall(run: RunInfo, stages: tuple[StageSummary, ...], first: FirstFailure
         cold_requests=sum(r.cold or 0 for r in told) if known else None, cold_method=cold_method if known else None,
         warm_p50_ms=percentile(warm, 50), warm_p95_ms=percentile(warm, 95), warm_p99_ms=percentile(warm, 99),
         cold_p50_ms=percentile(cold, 50), cold_p95_ms=percentile(cold, 95), cold_max_ms=percentile(cold, 100),
+        **_breaking_point(stages),
     )
 
 

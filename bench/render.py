@@ -75,6 +75,18 @@ def max_users_text(summary: RunSummary) -> str:
     return f"{value}{silent}" if silent else f"{value} (no failure in the run)"
 
 
+def breaking_point_text(summary: RunSummary) -> str:
+    """Where the load broke the endpoint: the last stage before the first failures (users, requests/s)."""
+    o = summary.overall
+    if o.breaking_stage is None:
+        held = [s.users for s in summary.stages if s.requests and not s.partial]
+        return f"not reached: no failure up to {max(held)} users" if held else NONE
+    broke = f"{o.breaking_users} users ({o.breaking_failures} of {o.breaking_requests} requests failed)"
+    if o.before_breaking_stage is None:
+        return f"failures from the first stage on: {broke}"
+    return f"{o.before_breaking_users} users at {fmt(o.before_breaking_rps, 2)} requests/s; first failures at {broke}"
+
+
 def _stage_flags(s: StageSummary) -> str:
     flags = []
     if s.saturated:
@@ -150,6 +162,7 @@ def overall_rows(summary: RunSummary) -> list[tuple[str, str]]:
          f"{o.sustained_rps:.2f} requests/s over {o.duration_s:.1f} s"),
         ("max users before the first failure", max_users_text(summary)),
         ("users at the first failed request", first),
+        ("breaking point (the last stage before the first failures)", breaking_point_text(summary)),
         ("max error-free throughput (a stage of 10 s or more)", NONE if o.max_error_free_rps is None else
          f"{o.max_error_free_rps:.2f} requests/s at {o.max_error_free_rps_users} users"),
         ("lowest latency (stage p50)", NONE if o.lowest_p50_ms is None else

@@ -26,11 +26,13 @@ from bench.child import CHILD_GRACE_S, run_child
 from bench.config import (
     LOOPBACK,
     TOKEN_ENV,
+    TOO_MANY_FAILURES,
     WORKER_MASTER_PORT,
     BenchConfig,
     ClientSettings,
     EndpointSettings,
     GeneratorSettings,
+    InProcessResult,
     LoadSettings,
     MixPlan,
     RunOutput,
@@ -97,6 +99,7 @@ class LoadOptions:
     rate: float | None = None
     max_inflight: int = 1000
     time_scale: float | None = None
+    peak_users: int | None = None  # staged: the article's stages scaled to peak at this many users
     wait: tuple[float, float] = (0.05, 0.5)
     warmup: bool = False  # load every target before the first stage
     in_process: float = 0.0  # seconds of the artifact's model run in-process before the load (0: not)
@@ -216,7 +219,7 @@ def build_bench_config(request: BenchRequest, run_id: str, run_dir: Path,
         model = t.model or payload.model
 
     plan = build_load_plan(load.shape, users=load.users, duration_s=load.duration, rate=load.rate,
-                      time_scale=load.time_scale, steps=load.steps)
+                      time_scale=load.time_scale, steps=load.steps, peak_users=load.peak_users)
     if load.rate is not None and not plan.open_loop:
         raise UsageError("--rate applies to --shape open-loop")
     generators = _generators(request.generators)
@@ -327,13 +330,15 @@ def _make_run_dir(out: Path, run_id: str, explicit: bool) -> tuple[str, Path]:
         raise OutputDirError(f"cannot create the run directory under {out} ({exc.strerror}); choose another --out") from None
 
 
-def start_bench(request: BenchRequest, reporter: Reporter) -> BenchResult:
-    """Check ``request``, make its run directory and run the load generator to its end."""
+def start_bench(request: BenchRequest, reporter: Reporter, in_process: InProcessResult | None = None) -> BenchResult:
+    """Check ``request``, make its run directory and run the load generator to its end.
+    ``in_process``: the baseline ``load.in_process`` asks for, measured already (the demos size
+    the load from it), so it is recorded rather than measured again."""
     # Everything is checked before the run directory exists: nothing is created for a run that cannot start.
     config = build_bench_config(request, "", Path(), reporter)
     artifact, seconds = request.payload.artifact, request.load.in_process
     if seconds and artifact:
-        config = replace(config, in_process=measure_in_process(Path(artifact), seconds, reporter))
+        config = replace(config, in_process=in_process or measure_in_process(Path(artifact), seconds, reporter))
     out = request.output
     label = config.targets.model or config.endpoint.address.name
     run_id, run_dir = _make_run_dir(Path(out.out), out.run_id or new_run_id(label), bool(out.run_id))
@@ -349,11 +354,31 @@ def start_bench(request: BenchRequest, reporter: Reporter) -> BenchResult:
 
 def run_to_end(request: BenchRequest, quiet: bool = False) -> Path:
     """Run ``request`` to its end and return its run directory; a run stopped by a signal or
-    ending with a failure is an MmeError saying so (what the demos and benchmark scripts want)."""
-    result = start_bench(request, Reporter(quiet=quiet))
+    ending with a failure is an MmeError saying so (what the benchmark scripts want)."""
+    result = run_to_finding(request, quiet)
+    if result.broke:
+        raise MmeError(f"the staged load ended with exit code {result.code}; see the message above")
+    return result.run_dir
+
+
+@dataclass(frozen=True)
+class LoadOutcome:
+    """A run that went to its end: its directory, and whether its failures passed
+    ``--max-failure-rate`` (the load broke the endpoint: what the demos report as their finding)."""
+
+    run_dir: Path
+    broke: bool
+    code: int = 0
+
+
+def run_to_finding(request: BenchRequest, quiet: bool = False, in_process: InProcessResult | None = None) -> LoadOutcome:
+    """Run ``request`` to its end: its directory, and whether the load broke the endpoint (more
+    failures than ``stops.max_failure_rate``; ``mme bench`` exits non-zero on that, the demos
+    report it). A run stopped by a signal, or that could not run, is an MmeError saying so."""
+    result = start_bench(request, Reporter(quiet=quiet), in_process)
     if result.stopped_by is not None:
         raise MmeError(f"the staged load was stopped (signal {result.stopped_by}); what it measured is in {result.run_dir}")
-    if result.code != 0:
+    if result.code not in (0, TOO_MANY_FAILURES):
         raise MmeError(f"the staged load ended with exit code {result.code}; see the message above")
     print(result.run_dir)
-    return result.run_dir
+    return LoadOutcome(result.run_dir, result.code == TOO_MANY_FAILURES, result.code)

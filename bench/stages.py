@@ -32,6 +32,13 @@ ARTICLE_STAGES = (
 )
 
 SHAPE_KINDS = ("staged", "ramp", "constant", "file:PATH", "open-loop")
+ARTICLE_PEAK_USERS = ARTICLE_STAGES[-1].users  # 200
+# A peak that is a multiple of 20 keeps every stage of the article's shape a whole number of users
+# (its levels are multiples of 10 out of 200): 20 -> 1, 2, 4, 6, ... 20.
+PEAK_USERS_STEP = 20
+# How far past what was measured the demos' staged shape goes: its peak offers twice the measured
+# requests/s, so the stages below the middle run under the endpoint's capacity and those above over it.
+PEAK_LOAD_MULTIPLE = 2.0
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,36 @@ class LoadPlan:
 def scaled(stages: tuple[Stage, ...], factor: float) -> tuple[Stage, ...]:
     """The same shape ``factor`` times as long: durations scale, spawn rates scale inversely."""
     return tuple(Stage(round(s.end_s * factor, 6), s.users, round(s.spawn_rate / factor, 6)) for s in stages)
+
+
+def peak_stages(peak_users: int, stages: tuple[Stage, ...] = ARTICLE_STAGES) -> tuple[Stage, ...]:
+    """The article's staged shape with every stage's users (and spawn rate, so that each ramp takes
+    as long) scaled by ``peak_users`` / 200: the same stages, times and proportions, peaking at
+    ``peak_users``. ``peak_users`` is a multiple of 20 (every stage a whole number of users)."""
+    if peak_users < PEAK_USERS_STEP or peak_users % PEAK_USERS_STEP:
+        raise UsageError(f"--peak-users must be a multiple of {PEAK_USERS_STEP} (got {peak_users}): the staged "
+                         "shape's levels are its 200 users' shares, whole users only at those peaks")
+    factor = peak_users / ARTICLE_PEAK_USERS
+    return tuple(Stage(s.end_s, round(s.users * factor), round(s.spawn_rate * factor, 6)) for s in stages)
+
+
+def peak_users_for(requests_per_s: float, latency_s: float, wait_s: tuple[float, float],
+                   multiple: float = PEAK_LOAD_MULTIPLE, most: int = ARTICLE_PEAK_USERS) -> int:
+    """The staged shape's peak users for an endpoint measured to serve ``requests_per_s`` with
+    ``latency_s`` per request when not queued: the demos' rule.
+
+    A closed-loop user sends its next request a wait (``wait_s``, mean taken) after the answer, so
+    answered at ``latency_s`` it offers 1 / (latency + mean wait) requests/s. The peak is the users
+    that offer ``multiple`` x ``requests_per_s`` that way: users = multiple x requests/s x (latency +
+    mean wait), rounded up to a multiple of 20, at least 20 and at most ``most`` (the article's 200).
+    Past the measured rate the endpoint queues: at the peak a request waits about multiple x
+    (latency + wait) - wait, seconds where the article's 200 users would be minutes on a slow host."""
+    if not requests_per_s > 0 or latency_s < 0:
+        raise MmeError(f"a peak needs a measured rate above 0 and a latency of 0 or more "
+                       f"(got {requests_per_s:g} requests/s, {latency_s:g} s)")
+    users = multiple * requests_per_s * (latency_s + sum(wait_s) / 2)
+    peak = PEAK_USERS_STEP * math.ceil(users / PEAK_USERS_STEP - 1e-9)
+    return max(PEAK_USERS_STEP, min(most, peak))
 
 
 def ramp_stages(users: int, duration_s: float, steps: int | None = None) -> tuple[Stage, ...]:
@@ -132,8 +169,11 @@ def _number(value) -> bool:
 
 
 def build_load_plan(shape: str, *, users: int | None = None, duration_s: float | None = None, rate: float | None = None,
-               time_scale: float | None = None, steps: int | None = None) -> LoadPlan:
-    """The plan for ``--shape`` and its options; every mistake is a one-line UsageError/MmeError."""
+               time_scale: float | None = None, steps: int | None = None, peak_users: int | None = None) -> LoadPlan:
+    """The plan for ``--shape`` and its options; every mistake is a one-line UsageError/MmeError.
+    ``peak_users``: the staged shape scaled to peak there (:func:`peak_stages`)."""
+    if peak_users is not None and shape != "staged":
+        raise UsageError("--peak-users scales the staged shape; give ramp and constant --users instead")
     if time_scale is not None and not (shape == "staged" or shape.startswith("file:")):
         raise UsageError("--time-scale compresses the staged and file shapes; give ramp, constant and open-loop "
                          "a shorter --duration instead")
@@ -143,7 +183,7 @@ def build_load_plan(shape: str, *, users: int | None = None, duration_s: float |
         if duration_s is not None and time_scale is not None:
             raise UsageError("give --duration (the whole shape's length) or --time-scale (a factor on it), not both")
     if shape == "staged":
-        stages: tuple[Stage, ...] = ARTICLE_STAGES
+        stages: tuple[Stage, ...] = ARTICLE_STAGES if peak_users is None else peak_stages(peak_users)
     elif shape in ("ramp", "constant"):
         if users is None or duration_s is None:
             raise UsageError(f"--shape {shape} needs --users and --duration")

@@ -146,6 +146,15 @@ class Overall:
     cold_max_ms: float | None = None
     # the most common failures: {"error", "message", "count", "targets"} (targets: most frequent first)
     top_errors: tuple[dict, ...] = ()
+    # the breaking point: the first stage with failures, and the last stage before it that ran to its end
+    # with requests and none (None: no failure, or no such stage)
+    breaking_stage: int | None = None
+    breaking_users: int | None = None
+    breaking_failures: int | None = None  # of that stage
+    breaking_requests: int | None = None
+    before_breaking_stage: int | None = None
+    before_breaking_users: int | None = None
+    before_breaking_rps: float | None = None
 
 
 @dataclass(frozen=True)

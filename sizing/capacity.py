@@ -26,8 +26,9 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 from mme.errors import MmeError, UsageError
 from mme.progress import Reporter
@@ -55,9 +56,23 @@ from sizing.warm_batch import batched_request, json_request
 BURST_CLIENTS = 16  # then this many callers at once, batch 1 each,
 BURST_PER_BATCH = 4  # sending this many requests per unit of max batch size between them
 # Callers the endpoint will serve at once (--concurrency): the first article's staged shape
-# peaks at 200 users. Requests in flight cost memory of their own (Triton parses a JSON body
-# into buffers of its own), once for the endpoint, not per copy.
+# peaks at 200 users. Requests in flight cost memory of two kinds: the endpoint's (Triton's
+# buffers for the bodies it holds: a JSON body is parsed into buffers of its own), once, and each
+# copy's (the python backend's shared-memory region, which grows with the requests queued on that
+# copy and is counted in Triton's and in the copy's process), so every copy is measured after
+# serving them.
 CONCURRENCY = 200
+IN_FLIGHT_ROUNDS = 2  # each of those callers sends this many requests, one after another
+
+
+@dataclass(frozen=True)
+class ServedRate:
+    """What the first copy served: ``requests_per_s`` to its burst of BURST_CLIENTS callers at once
+    (batched by Triton), and ``latency_s``, one batch-1 request alone. ``measure_capacity`` hands it
+    to a ``concurrency`` given as a function, which returns the callers to count in flight."""
+
+    requests_per_s: float
+    latency_s: float
 
 
 def warmup_batches(max_batch: int) -> tuple[int, ...]:
@@ -73,7 +88,8 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
                      instances: dict[str, dict] | None = None, reporter: Reporter | None = None,
                      cache_dir: Path | None = None, server_kind: str = "local", memory: str = "auto",
                      triton_network: str | None = None, at_rest: bool = False,
-                     concurrency: int = CONCURRENCY, binary: bool = False, measure_unload: bool = False,
+                     concurrency: int | Callable[[ServedRate], int] = CONCURRENCY, binary: bool = False,
+                     measure_unload: bool = False,
                      load_timeout_s: float = LOAD_TIMEOUT_S) -> CapacityReport:
     """``server_kind`` as ``mme serve --server`` takes it, ``triton_network`` as its ``--triton-network``
     (None: ``$MME_TRITON_NETWORK``, else private); ``memory``: what is counted, "gpu"
@@ -82,11 +98,14 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
 
     Each copy is read twice: right after its load (at rest), and after requests at its max
     batch size and every smaller one (warmup_batches), then a burst of batch-1 requests from many
-    callers at once (queues, dynamic batches) (loaded: what it holds while serving). The
-    prediction counts the loaded figure unless ``at_rest``. A copy keeps growing with the
-    requests queued on it. After the first copy, ``concurrency`` callers at once send it the body
-    the load test will (JSON, or ``binary``): what that adds is the endpoint's (request buffers),
-    counted once before the copies. ``load_timeout_s``: how long one copy's load may take. The first copy is counted apart (one-time start-up), the
+    callers at once (queues, dynamic batches), then ``concurrency`` callers at once sending it the
+    body the load test will (JSON, or ``binary``), IN_FLIGHT_ROUNDS requests each (loaded: what it
+    holds while serving that many requests in flight). The prediction counts the loaded figure
+    unless ``at_rest``. On the first copy the in-flight requests are read apart: what they add
+    there is the endpoint's (request buffers, and that copy's share), counted once before the
+    copies; each further copy's loaded figure holds its own share (its shared-memory region).
+    ``concurrency`` may be a function of the first copy's :class:`ServedRate` (the demo sizes its
+    load, and so the requests in flight, from it). ``load_timeout_s``: how long one copy's load may take. The first copy is counted apart (one-time start-up), the
     per-copy footprint over the probes after it. No copy is loaded once the next one would take
     memory past the limit (not only the threshold). ``memory`` "auto" on a host with an NVIDIA GPU
     whose NVML cannot be read refuses (serving.monitor.memory.choose_meter): pass "host" to accept host RSS."""
@@ -147,24 +166,48 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
                                    f"{result.status}: {result.body[:200].decode(errors='replace').strip()}); "
                                    "the model cannot serve its own max batch size here")
 
+            rates: list[ServedRate] = []
+            callers: list[int] = []
+
             def warm(name: str, target: str) -> None:
+                latency = 0.0
                 for request in warmups:
+                    started = time.perf_counter()
                     check(control.invoke(name, request.body, request.content_type, target=target), target, request.batch)
+                    if request.batch == 1:
+                        latency = time.perf_counter() - started
                 # then many callers at once: requests queue in Triton and its dynamic batcher
                 # forms batches of them, as under a load test
                 single = warmups[-1] if max_batch == 1 else batch_one
+                started = time.perf_counter()
                 with ThreadPoolExecutor(BURST_CLIENTS) as pool:
                     for result in pool.map(lambda _: burst_client().invoke(name, single.body, single.content_type,
                                                                            target=target), range(burst_requests)):
                         check(result, target, 1)
+                if not rates:
+                    rates.append(ServedRate(burst_requests / (time.perf_counter() - started), latency))
+                if callers:  # the first copy's in-flight requests are read apart (note_overhead)
+                    in_flight(name, target)
+
+            def in_flight(name: str, target: str) -> None:
+                """``callers`` at once, IN_FLIGHT_ROUNDS requests each, the load test's body."""
+                def caller(_: int) -> None:
+                    client = burst_client()
+                    for _round in range(IN_FLIGHT_ROUNDS):
+                        check(client.invoke(name, in_flight_body.body, in_flight_body.content_type, target=target),
+                              target, 1)
+
+                with ThreadPoolExecutor(callers[0]) as pool:
+                    list(pool.map(caller, range(callers[0])))
 
             baseline = used()
             mib = 2**20
             reporter.info(f"==> capacity of {manifest.model} ({manifest.format}): baseline {baseline / mib:.0f} MiB, "
                           f"limit {limit / mib:.0f} MiB, threshold {threshold:.0%}; counting {meter.description}; "
                           f"each copy at rest and after requests at batch {max_batch} down to 1, then "
-                          f"{burst_requests} from {BURST_CLIENTS} callers at once; then {concurrency} callers at once "
-                          f"({body_kind} bodies) for the endpoint's requests in flight")
+                          f"{burst_requests} from {BURST_CLIENTS} callers at once, then "
+                          f"{concurrency if isinstance(concurrency, int) else 'the load test'}'s callers at once "
+                          f"({body_kind} bodies, {IN_FLIGHT_ROUNDS} each) for the requests in flight")
             readings = Readings(manifest.model, manifest.format, meter.description, limit, threshold, baseline)
 
             def load_next() -> CapacityStep:
@@ -186,17 +229,17 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
                 return readings.memory_bytes + largest <= limit
 
             first = load_next()  # one copy is needed to measure anything
+            rate = rates[0]
+            callers.append(max(1, concurrency(rate) if callable(concurrency) else concurrency))
+            reporter.info(f"  served {rate.requests_per_s:.1f} requests/s to {BURST_CLIENTS} callers at once, "
+                          f"{1000 * rate.latency_s:.0f} ms for one request alone")
             # the endpoint's requests in flight, counted once: measured on the first copy, before
             # the other probes, so that they too are loaded only where they fit with it
             first_name = copy_name(tarball, copy_index(first.copies))
-            with ThreadPoolExecutor(concurrency) as pool:
-                for result in pool.map(lambda _: burst_client().invoke(
-                        cache_key(first_name), in_flight_body.body, in_flight_body.content_type, target=first_name),
-                        range(concurrency)):
-                    check(result, first_name, 1)
+            in_flight(cache_key(first_name), first_name)
             overhead = readings.note_overhead(used())
-            reporter.info(f"  requests in flight from {concurrency} callers ({body_kind} bodies): +{overhead / mib:.0f} MiB, "
-                          "the endpoint's, counted once")
+            reporter.info(f"  requests in flight from {callers[0]} callers ({body_kind} bodies): +{overhead / mib:.0f} "
+                          "MiB, the endpoint's, counted once; each further copy is read after serving them too")
             while len(readings.steps) < probe_copies and next_fits():
                 load_next()
             probes = tuple(readings.steps)
@@ -224,9 +267,10 @@ def measure_capacity(artifact: Path, *, threshold: float, limit_bytes: int | Non
                 client.close()
             server.stop()
     report = build_capacity_report(readings, probes, verified=verify, leak_check=leak, instances=instances, at_rest=at_rest,
-                          warmup_batch=max_batch, warmup_concurrency=BURST_CLIENTS, overhead_concurrency=concurrency,
+                          warmup_batch=max_batch, warmup_concurrency=BURST_CLIENTS, overhead_concurrency=callers[0],
                           overhead_body=body_kind)
-    return replace(report, unload_seconds=unload_s)
+    return replace(report, unload_seconds=unload_s, served_rps=round(rates[0].requests_per_s, 3),
+                   served_latency_ms=round(1000 * rates[0].latency_s, 3), in_flight_rounds=IN_FLIGHT_ROUNDS)
 
 
 UNLOAD_POLL_S = 0.05

@@ -74,6 +74,10 @@ class CapacityReport:
     overhead_concurrency: int | None = None
     overhead_body: str | None = None  # "json" | "binary": the request body they sent
     unload_seconds: float | None = None  # the first copy's unload until its memory is free (measure_unload)
+    served_rps: float | None = None  # requests/s the first copy served to warmup_concurrency callers at once
+    served_latency_ms: float | None = None  # one batch-1 request alone on the first copy
+    in_flight_rounds: int | None = None  # requests each of overhead_concurrency callers sent, one after another;
+    # every copy after the first was read after them too: its share of the requests in flight is in its figure
     # What the first copy added, counted as ``counted`` says: its own footprint plus the one-time
     # start-up of the first model on the device; counted once (None: copy 1 was not measured in
     # this run, e.g. loaded by an earlier one, so the start-up is in the baseline).
@@ -106,7 +110,9 @@ def report_definitions() -> dict[str, str]:
     """What each figure of the report counts, written into its JSON (``definitions``)."""
     return {
         "baseline_bytes": "memory of the empty server before any copy",
-        "overhead_bytes": "what requests in flight from overhead_concurrency callers added: the endpoint's, counted once",
+        "overhead_bytes": "what requests in flight from overhead_concurrency callers added on the first copy: the "
+                          "endpoint's (and that copy's share), counted once; each further copy was read after serving "
+                          "them too (in_flight_rounds each), so its share is in its own figure",
         "first_copy_bytes": "what the first copy added (counted as 'counted' says): its own footprint plus the one-time "
                             "start-up of the first model on the device (CUDA context, cuDNN/cuBLAS handles, ONNX Runtime "
                             "arena); counted once. None: copy 1 was not measured in this run (the start-up is in the "
@@ -338,7 +344,12 @@ def format_table(report: CapacityReport) -> str:
         f"(min {report.footprint_min_bytes / mib:.0f}, max {report.footprint_max_bytes / mib:.0f}) from "
         f"{report.per_copy_basis or 'every copy'}; counted {report.counted}{both}",
         *([f"requests in flight from {report.overhead_concurrency} callers ({report.overhead_body} bodies): "
-           f"{report.overhead_bytes / mib:.0f} MiB, the endpoint's, counted once"] if report.overhead_concurrency else []),
+           f"{report.overhead_bytes / mib:.0f} MiB, the endpoint's, counted once"
+           + ("; every further copy counted after serving them too" if report.in_flight_rounds else "")]
+          if report.overhead_concurrency else []),
+        *([f"the first copy served {report.served_rps:.1f} requests/s to {report.warmup_concurrency} callers at once, "
+           f"{report.served_latency_ms:.0f} ms for one request alone"]
+          if report.served_rps is not None and report.served_latency_ms is not None else []),
         f"this host: limit {report.limit_bytes / mib:.0f} MiB at {report.threshold:.0%}: predicted {report.predicted_copies}"
         + (f", actual {report.actual_copies}" if report.actual_copies is not None else "")
         + (f" (one copy fits under a limit of {size_text(report.limit_for_one_bytes)} or more)"

@@ -177,3 +177,26 @@ def predict_run(measurement: FleetMeasurement, rates: dict[str, float], memory_b
             "plans": [{"instance": f"this host ({memory_bytes / MIB:.0f} MiB)", "memory_bytes": memory_bytes,
                        "budget_bytes": budget, "instances": instances, "hit_ratio": result.to_dict()["hit_ratio"],
                        "waited_share": result.to_dict()["waited_share"], "simulation": result.to_dict()}]}
+
+
+def mean_latency_s(prediction: dict[str, Any], measurement: FleetMeasurement) -> float | None:
+    """A predicted run's mean request latency: a request that waited for a load takes its simulated
+    wait, the others their model's measured latency (one request alone). None without requests."""
+    models = prediction["plans"][0]["simulation"]["models"]
+    requests = sum(m["requests"] for m in models)
+    if not requests:
+        return None
+    total = sum(m["waited"] * m["mean_wait_s"] + m["requests"] * measurement.footprint(m["target"]).latency_seconds
+                for m in models)
+    return total / requests
+
+
+def open_loop_rate(requested_rps: float, prediction: dict[str, Any], measurement: FleetMeasurement,
+                   max_in_flight: int) -> float:
+    """The demo fleet's open-loop rate: ``requested_rps``, or less where the prediction says it would
+    keep more than half of ``max_in_flight`` requests in flight (Little's law: rate x the predicted
+    mean latency): at most max_in_flight / (2 x mean latency) requests/s."""
+    latency = mean_latency_s(prediction, measurement)
+    if not latency:
+        return requested_rps
+    return min(requested_rps, max_in_flight / (2.0 * latency))

@@ -31,6 +31,7 @@ class ModelFootprint:
     loaded_bytes: int
     load_seconds: float
     unload_seconds: float = 0.0  # measurements written before it was measured read 0
+    latency_seconds: float = 0.0  # one request alone, loaded (0: measured before it was recorded)
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,8 @@ def measure_fleet(artifacts: list[Path], reporter: Reporter, *, server_kind: str
         step = report.steps[0]
         footprints.append(ModelFootprint(manifest.model, manifest.tarball, manifest.format, str(artifact),
                                          int(step.rest_delta_bytes or step.delta_bytes), int(step.delta_bytes),
-                                         round(step.load_seconds, 3), report.unload_seconds or 0.0))
+                                         round(step.load_seconds, 3), report.unload_seconds or 0.0,
+                                         round((report.served_latency_ms or 0.0) / 1000.0, 4)))
         baselines.append(report.baseline_bytes)
         overheads.append(report.overhead_bytes)
         kinds.add(report.memory_kind)

@@ -13,6 +13,7 @@ import sys
 from bench.child import run_child
 from bench.config import WORKER_MASTER_PORT
 from bench.request import DEFAULTS, BenchRequest, start_bench, worker_token_env
+from bench.stages import PEAK_USERS_STEP
 from mme.argtypes import non_negative_float, positive_float, positive_int, share
 from mme.errors import MmeError
 from mme.progress import Reporter
@@ -34,6 +35,16 @@ def _wait_range(text: str) -> tuple[float, float]:
     if not 0 <= low <= high:
         raise argparse.ArgumentTypeError(f"must be MIN,MAX seconds with 0 <= MIN <= MAX, got {text!r}")
     return low, high
+
+
+def peak_users(text: str) -> int:
+    """``--peak-users`` (``mme bench`` and the demos): a multiple of PEAK_USERS_STEP, refused when
+    the command line is parsed, before a demo packages or measures anything."""
+    users = positive_int(text)
+    if users % PEAK_USERS_STEP:
+        raise argparse.ArgumentTypeError(f"must be a multiple of {PEAK_USERS_STEP} (the staged shape's levels are "
+                                         f"shares of its peak), got {text!r}")
+    return users
 
 
 def register_bench(subparsers) -> None:
@@ -99,6 +110,9 @@ def register_bench(subparsers) -> None:
                       "to it; onnx and cpu-local artifacts, with --artifact (default: off)")
     load.add_argument("--time-scale", type=positive_float, metavar="F",
                       help="staged/file: run the shape F times as long (0.1: the 340 s staged shape in 34 s)")
+    load.add_argument("--peak-users", type=peak_users, default=DEFAULTS.load.peak_users, metavar="N",
+                      help="staged: the article's stages with their users scaled to peak at N, a multiple of 20 "
+                      "(20: 1, 2, 4, 6 ... 20 users; default: its 10 ... 200)")
     load.add_argument("--wait", type=_wait_range, default=DEFAULTS.load.wait, metavar="MIN,MAX",
                       help=f"closed loop: seconds each user waits between requests (default: {DEFAULT_WAIT})")
 

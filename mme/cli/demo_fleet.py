@@ -6,6 +6,12 @@ package a catalogue of timm's tiny models (``--jobs 2``) -> measure each one (``
 the mix for this run -> serve the catalogue under a memory limit that holds only part of it ->
 the mix as an open-loop load (``mme bench --mix``) -> the report, where each model's measured hit
 ratio stands next to the predicted one.
+
+The load is sized from what was just measured: ``--rps``, or less where the prediction (each
+model's measured load and latency, the simulated cache) says that rate would keep more than half
+of the MAX_IN_FLIGHT requests the endpoint was measured for in flight
+(``sizing.fleet.open_loop_rate``). A load that breaks the endpoint all the same is the finding:
+the report and the plan are written, the breaking point is named, and the demo exits 0.
 """
 
 from __future__ import annotations
@@ -43,7 +49,9 @@ def register(subparsers) -> None:
     p.add_argument("--memory-limit", type=byte_size, default=450 * 2**20,
                    help="memory the local endpoint may fill: room for part of the fleet (default: 450M)")
     p.add_argument("--mix", default="zipf:1.1", help="traffic mix over the catalogue (default: %(default)s)")
-    p.add_argument("--rps", type=positive_float, default=3.0, help="requests/s over the fleet (default: %(default)g)")
+    p.add_argument("--rps", type=positive_float, default=3.0,
+                   help="requests/s over the fleet, at most (default: %(default)g; less where the prediction says the "
+                   f"endpoint would hold more than {MAX_IN_FLIGHT // 2} requests in flight)")
     p.add_argument("--duration", type=positive_float, default=150.0, help="seconds of load (default: %(default)g)")
     p.add_argument("--models", default=",".join(FLEET),
                    help="the catalogue's models, most popular first (default: %(default)s)")
@@ -63,13 +71,14 @@ def run(args: argparse.Namespace) -> int:
         OutputOptions,
         PayloadOptions,
         TargetOptions,
-        run_to_end,
+        run_to_finding,
     )
     from mme.cli import main as mme_main
+    from mme.cli.demo import finding_lines
     from mme.fsutil import ensure_writable_dir, write_json_atomic
     from packager.catalogue import catalogue_artifacts, fleet_directory
     from serving.runtime.local_endpoint import LocalEndpoint, LocalEndpointOptions
-    from sizing.fleet import predict_run
+    from sizing.fleet import mean_latency_s, open_loop_rate, predict_run
     from sizing.fleet_measure import measure_fleet
     from sizing.mix import parse_mix
 
@@ -94,6 +103,18 @@ def run(args: argparse.Namespace) -> int:
     names = [(m.model, m.target) for m in measurement.models]
     rates = parse_mix(args.mix, args.rps, names)
     prediction = predict_run(measurement, rates, args.memory_limit, DEFAULT_MEMORY_THRESHOLD, args.duration, seed=args.seed)
+    rps = max(0.01, round(open_loop_rate(args.rps, prediction, measurement, MAX_IN_FLIGHT), 2))
+    latency = mean_latency_s(prediction, measurement) or 0.0
+    if rps < args.rps:
+        reporter.info(f"  load: {rps:g} requests/s, not {args.rps:g}: at {args.rps:g} the prediction (mean latency "
+                      f"{latency:.2f} s) keeps {args.rps * latency:.1f} requests in flight, more than half of "
+                      f"{MAX_IN_FLIGHT}")
+        rates = parse_mix(args.mix, rps, names)
+        prediction = predict_run(measurement, rates, args.memory_limit, DEFAULT_MEMORY_THRESHOLD, args.duration,
+                                 seed=args.seed)
+    else:
+        reporter.info(f"  load: {rps:g} requests/s: the prediction (mean latency {latency:.2f} s) keeps "
+                      f"{rps * latency:.1f} requests in flight, within half of {MAX_IN_FLIGHT}")
     plan = prediction["plans"][0]
     reporter.info(f"  budget for models {plan['budget_bytes'] / 2**20:.0f} MiB of {args.memory_limit / 2**20:.0f} MiB "
                   f"(fleet {sum(m.rest_bytes for m in measurement.models) / 2**20:.0f} MiB at rest, "
@@ -106,16 +127,17 @@ def run(args: argparse.Namespace) -> int:
     options = LocalEndpointOptions(models=str(fleet_dir), port=0, server_kind="local", endpoint_name=FLEET_ENDPOINT,
                                    memory_limit_bytes=args.memory_limit, memory_threshold=DEFAULT_MEMORY_THRESHOLD, memory="host")
     with LocalEndpoint(options, Reporter(quiet=True)) as endpoint:
-        reporter.info(f"\n==> [4/{steps}] the mix {args.mix} at {args.rps:g} requests/s for {args.duration:g} s, open loop "
+        reporter.info(f"\n==> [4/{steps}] the mix {args.mix} at {rps:g} requests/s for {args.duration:g} s, open loop "
                       "(mme bench --mix)")
         request = BenchRequest(endpoint=EndpointOptions(FLEET_ENDPOINT, endpoint.url),
                                targets=TargetOptions(seed=args.seed), payload=PayloadOptions(binary=True),
                                fleet=FleetOptions(mix=args.mix, catalogue=str(catalogue), artifacts=args.out,
-                                                  format=FLEET_FORMAT, rps=args.rps),
-                               load=LoadOptions(shape="open-loop", rate=args.rps, duration=args.duration,
+                                                  format=FLEET_FORMAT, rps=rps),
+                               load=LoadOptions(shape="open-loop", rate=rps, duration=args.duration,
                                                 max_inflight=MAX_IN_FLIGHT),
                                output=OutputOptions(out=args.results, run_id=f"demo-fleet-{stamp}-run", quiet=args.quiet))
-        run_dir = run_to_end(request, args.quiet)
+        outcome = run_to_finding(request, args.quiet)
+    run_dir = outcome.run_dir
     write_json_atomic(run_dir / FLEET_PLAN_FILE, prediction)
 
     reporter.info(f"\n==> [5/{steps}] report: measured vs predicted hit ratio per model (mme report)")
@@ -130,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
     warm = sum((r.requests - r.failures) * (r.hit_ratio or 0.0) for r in rows)
     if successes:
         print(f"  overall: measured {100 * warm / successes:.1f}%, predicted {100 * (plan['hit_ratio'] or 0):.1f}%")
+    for line in finding_lines(paths.report.runs[0].summary, outcome.broke):
+        print(line)
     print(f"\ndemo done: open {paths.html}")
     print(f"  catalogue: {catalogue}; plan: {run_dir / FLEET_PLAN_FILE}; raw results: {run_dir}")
     return 0

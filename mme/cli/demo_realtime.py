@@ -1,7 +1,12 @@
 """``mme demo-realtime`` / ``make demo-realtime``: the second article's flow on local defaults:
 a text model packaged with its tokenizer (cpu-local; requests send text), a local real-time
 endpoint serving it (``mme serve --mode single``), the staged load without TargetModel
-(``mme bench --mode single``), and the report with the instances needed for a target TPS."""
+(``mme bench --mode single``), and the report with the instances needed for a target TPS.
+
+The load is sized from this machine: the in-process baseline, measured first, sets the staged
+shape's peak users (``bench.stages.peak_users_for``: the peak offers twice its requests/s). A load
+that breaks the endpoint all the same is the finding: the report and the sizing are written, the
+breaking point is named, and the demo exits 0 (``mme bench`` alone exits non-zero on it)."""
 
 from __future__ import annotations
 
@@ -10,7 +15,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from mme.argtypes import non_negative_float, positive_float
-from mme.cli.demo import package_step
+from mme.cli.bench import peak_users
+from mme.cli.demo import finding_lines, package_step, peak_from
 from mme.errors import MmeError
 from mme.progress import Reporter
 
@@ -42,23 +48,31 @@ def register(subparsers) -> None:
     p.add_argument("--in-process", type=non_negative_float, default=20.0, metavar="SECONDS",
                    help="before the load, run the same text through the packaged tokenizer and the encoder with ONNX "
                    "Runtime in this process for SECONDS: the report compares the endpoint with it (default: %(default)g; "
-                   "0: skip)")
+                   "0: skip, and the load peaks at the article's 200 users unless --peak-users)")
+    p.add_argument("--peak-users", type=peak_users, metavar="N",
+                   help="peak the staged shape at N users, a multiple of 20 (default: sized from the in-process "
+                   "baseline: the users that offer twice its requests/s, 20 to 200)")
+    p.add_argument("--timeout", type=positive_float, default=60.0, metavar="S",
+                   help="per-request timeout of the load (default: %(default)g, SageMaker's invocation timeout)")
     p.add_argument("--repackage", action="store_true", help="package again even if the artifact exists")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """The second article's flow: one text model on a real-time endpoint, sized for a target TPS."""
+    from bench.in_process import measure_in_process
     from bench.render import in_process_text
     from bench.report import build_report, print_results
     from bench.request import (
+        DEFAULTS,
         BenchRequest,
+        ClientOptions,
         EndpointOptions,
         GeneratorOptions,
         LoadOptions,
         OutputOptions,
         PayloadOptions,
-        run_to_end,
+        run_to_finding,
     )
     from serving.runtime.local_endpoint import LocalEndpoint, LocalEndpointOptions
 
@@ -69,20 +83,27 @@ def run(args: argparse.Namespace) -> int:
     steps = 4
     reporter.info(f"\n==> [1/{steps}] package {args.model} with its tokenizer (text in) in the cpu-local format")
     artifact = package_step(args.model, Path(args.out), args.repackage, reporter, with_tokenizer=True)
+    baseline = (measure_in_process(artifact.directory, args.in_process, reporter) if args.in_process else None)
+    peak = peak_from(args.peak_users, None if baseline is None else (baseline.requests_per_s, baseline.p50_ms / 1000.0,
+                                                                      "the in-process baseline"), DEFAULTS.load.wait,
+                     reporter)
     reporter.info(f"\n==> [2/{steps}] start a local real-time endpoint serving it (mme serve --mode single)")
     options = LocalEndpointOptions(models=str(artifact.directory), port=0, server_kind="local", mode="single",
                                    endpoint_name=REALTIME_ENDPOINT)
     with LocalEndpoint(options, Reporter(quiet=True)) as endpoint:
         reporter.info(f"  {endpoint.url}: {artifact.manifest.model} loaded; requests name no TargetModel")
-        reporter.info(f"\n==> [3/{steps}] staged load, time scale {args.time_scale}, {args.workers} worker(s) "
-                      "(mme bench --mode single)")
+        reporter.info(f"\n==> [3/{steps}] staged load peaking at {peak} users, time scale {args.time_scale}, "
+                      f"{args.workers} worker(s) (mme bench --mode single)")
         request = BenchRequest(endpoint=EndpointOptions(REALTIME_ENDPOINT, endpoint.url, mode="single"),
                                payload=PayloadOptions(artifact=str(artifact.directory)),
-                               load=LoadOptions(shape="staged", time_scale=args.time_scale, in_process=args.in_process),
+                               load=LoadOptions(shape="staged", time_scale=args.time_scale, peak_users=peak,
+                                                in_process=args.in_process),
+                               client=ClientOptions(timeout=args.timeout),
                                generators=GeneratorOptions(workers=args.workers),
                                output=OutputOptions(out=args.results, quiet=args.quiet,
                                                     run_id=f"demo-realtime-{stamp}-{artifact.manifest.model}"))
-        run_dir = run_to_end(request, args.quiet)
+        outcome = run_to_finding(request, args.quiet, baseline)
+    run_dir = outcome.run_dir
     reporter.info(f"\n==> [4/{steps}] report, sized for {args.target_tps:g} TPS with p95 <= {args.p95_slo_ms:g} ms "
                   "(mme report)")
     paths = build_report([run_dir], target_tps=args.target_tps, p95_slo_ms=args.p95_slo_ms, reporter=reporter)
@@ -90,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
     summary = paths.report.runs[0].summary
     if args.in_process:
         print(f"  in-process on this host: {in_process_text(summary.run.extra.get('in_process'), summary.overall.max_error_free_rps, summary.overall.sustained_rps)}")
+    for line in finding_lines(summary, outcome.broke):
+        print(line)
     print(f"\ndemo done: open {paths.html}")
     print(f"  artifacts: {artifact.directory}; raw results: {run_dir}")
     return 0

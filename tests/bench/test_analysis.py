@@ -266,3 +266,25 @@ def test_cold_requests_are_told_apart_and_warm_percentiles_leave_them_out(tmp_pa
 def test_an_endpoint_that_does_not_say_leaves_cold_unknown(tmp_path):
     o = analyse(staged_run(tmp_path / "run")).overall
     assert o.cold_requests is None and o.cold_method is None and o.warm_p50_ms is None
+
+
+def test_the_breaking_point_is_the_last_stage_before_the_first_failures(tmp_path):
+    from bench.render import breaking_point_text
+
+    s = analyse(staged_run(tmp_path / "run"))
+    o = s.overall
+    # stage 2 (40 users) had the first failures, 2 of its 6 requests; stage 1 (20 users) held 1.0 request/s
+    assert (o.breaking_stage, o.breaking_users, o.breaking_failures, o.breaking_requests) == (2, 40, 2, 6)
+    assert (o.before_breaking_stage, o.before_breaking_users) == (1, 20)
+    assert o.before_breaking_rps == approx(1.0)
+    assert breaking_point_text(s) == "20 users at 1.00 requests/s; first failures at 40 users (2 of 6 requests failed)"
+    saved = json.loads((write_summary(s)[1]).read_text())["overall"]
+    assert saved["before_breaking_users"] == 20 and saved["breaking_users"] == 40
+
+
+def test_a_run_without_failures_has_no_breaking_point(tmp_path):
+    from bench.render import breaking_point_text
+
+    s = analyse(clean_run(tmp_path / "run"))
+    assert s.overall.breaking_stage is None and s.overall.before_breaking_rps is None
+    assert breaking_point_text(s) == f"not reached: no failure up to {max(st.users for st in s.stages)} users"

@@ -131,3 +131,24 @@ def test_the_config_crosses_processes_as_json_and_comes_back_the_same_typed_valu
     text = config.to_json()
     assert BenchConfig.from_json(text) == config
     assert "\\u0000" not in text and "base64" not in text  # bodies are base64 strings, not escaped bytes
+
+
+def test_peak_users_scales_the_staged_shape_and_fits_no_other() -> None:
+    assert _parsed("--endpoint", "e", "--peak-users", "40").load.peak_users == 40
+    request = BenchRequest(endpoint=_unreachable("single"), payload=PayloadOptions(file=__file__, content_type="text/plain"),
+                           load=LoadOptions(shape="constant", users=2, duration=3, peak_users=40))
+    with pytest.raises(UsageError, match="--peak-users scales the staged shape"):
+        build_bench_config(request, "", Path())
+    with pytest.raises(UsageError, match="multiple of 20"):
+        build_bench_config(replace(request, load=LoadOptions(peak_users=50)), "", Path())
+
+
+@pytest.mark.parametrize("command", ["bench", "demo", "demo-realtime"])
+def test_a_peak_that_is_not_a_multiple_of_20_is_refused_before_anything_runs(command: str, tmp_path, capsys) -> None:
+    from mme.cli import main
+
+    out = tmp_path / "artifacts"
+    extra = ["--endpoint", "e"] if command == "bench" else ["--out", str(out), "--results", str(tmp_path / "r")]
+    assert main([command, *extra, "--peak-users", "30"]) == 2
+    assert "--peak-users: must be a multiple of 20" in capsys.readouterr().err
+    assert not out.exists() and not (tmp_path / "r").exists()  # nothing packaged, nothing measured

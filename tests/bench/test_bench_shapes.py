@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from bench.stages import ARTICLE_STAGES, Stage, build_load_plan, load_shape_file
+from bench.stages import (ARTICLE_STAGES, Stage, build_load_plan, load_shape_file, peak_stages,
+                          peak_users_for)
 from mme.errors import MmeError, UsageError
 from tests.bench.helpers import ROOT, bench_env
 
@@ -121,3 +122,32 @@ def test_duration_stretches_the_staged_and_file_shapes(tmp_path):
         build_load_plan("staged", duration_s=170, time_scale=0.5)
     with pytest.raises(MmeError, match="sets its own users"):
         build_load_plan("staged", users=3)
+
+
+def test_a_peak_scales_the_articles_stages_and_keeps_their_times():
+    stages = peak_stages(20)
+    assert [s.users for s in stages] == [1, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20]
+    assert [s.end_s for s in stages] == [s.end_s for s in ARTICLE_STAGES]
+    # each ramp takes as long as the article's: +2 users at 0.2/s where it adds 20 at 2/s
+    assert [s.spawn_rate for s in stages] == pytest.approx([s.spawn_rate / 10 for s in ARTICLE_STAGES])
+    assert peak_stages(200) == ARTICLE_STAGES
+    plan = build_load_plan("staged", peak_users=60, time_scale=0.5)
+    assert plan.max_users == 60 and plan.duration_s == 170 and plan.stages[0] == Stage(15, 3, 3.0)
+    with pytest.raises(UsageError, match="multiple of 20"):
+        peak_stages(30)
+    with pytest.raises(UsageError, match="scales the staged shape"):
+        build_load_plan("ramp", users=3, duration_s=4, peak_users=20)
+
+
+def test_the_peak_offers_twice_the_measured_rate_in_steps_of_20_users():
+    wait = (0.05, 0.5)  # a user waits 0.275 s on average
+    # 2 x 100 requests/s x (0.05 + 0.275) s = 65 users -> 80
+    assert peak_users_for(100.0, 0.05, wait) == 80
+    assert peak_users_for(80.0, 0.125, wait) == 80  # 2 x 80 x 0.4 = 64
+    assert peak_users_for(200.0, 0.125, wait) == 160  # exactly 160: no step more
+    # the host: distilbert 3.7 requests/s in-process, 270 ms a request -> the smallest peak
+    assert peak_users_for(3.7, 0.27, wait) == 20
+    assert peak_users_for(5000.0, 0.01, wait) == 200  # never past the article's
+    assert peak_users_for(100.0, 0.05, wait, multiple=4.0) == 140  # 130 -> 140
+    with pytest.raises(MmeError, match="rate above 0"):
+        peak_users_for(0.0, 0.1, wait)

@@ -8,6 +8,7 @@ import csv
 import json
 from pathlib import Path
 
+from bench.stages import peak_users_for
 from mme.cli import main
 
 pytestmark = pytest.mark.integration  # real servers or whole commands: make test-integration
@@ -16,7 +17,8 @@ pytestmark = pytest.mark.integration  # real servers or whole commands: make tes
 def test_demo_end_to_end(tmp_path, capsys):
     code = main(["demo", "--model", "test_resnet", "--out", str(tmp_path / "artifacts"), "--results",
                  str(tmp_path / "results"), "--memory-limit", "300M", "--time-scale", "0.03", "--max-copies", "4"])
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert code == 0
     html = next((tmp_path / "results").glob("demo-*-test_resnet/report.html"))
     run_dir = html.parent
@@ -34,6 +36,12 @@ def test_demo_end_to_end(tmp_path, capsys):
     assert 0 < peak <= 100, peak
     assert summary["overall"]["failures"] == 0
     assert (run_dir / "latency_throughput.png").stat().st_size > 10_000
+    # the load sized from what the capacity run measured, and the copies counted with that many in flight
+    peak = peak_users_for(capacity["served_rps"], capacity["served_latency_ms"] / 1000, (0.05, 0.5))
+    assert max(s["users"] for s in summary["stages"]) == peak == capacity["overhead_concurrency"]
+    assert f"peak {peak} users: one copy served {capacity['served_rps']:.2f} requests/s" in captured.err
+    assert "memory per stage (users: % of the limit)" in out and "under the 90% threshold at every stage" in out
+    assert "breaking point: not reached: no failure up to" in out
 
 
 def test_demo_realtime_end_to_end(tmp_path, capsys):
@@ -42,7 +50,8 @@ def test_demo_realtime_end_to_end(tmp_path, capsys):
     code = main(["demo-realtime", "--model", "prajjwal1/bert-tiny", "--out", str(tmp_path / "artifacts"), "--results",
                  str(tmp_path / "results"), "--time-scale", "0.03", "--target-tps", "500", "--p95-slo-ms", "5000",
                  "--in-process", "2"])
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert code == 0
     markdown = next((tmp_path / "results").glob("demo-realtime-*-prajjwal1--bert-tiny/report.md"))
     run_dir = markdown.parent
@@ -65,6 +74,34 @@ def test_demo_realtime_end_to_end(tmp_path, capsys):
     assert at60 >= at70 >= 1  # more headroom, more instances
     assert f"{baseline['requests_per_s']:.2f} requests/s" in text and "of it" in text
     assert f"open {run_dir / 'report.html'}" in out
+    # the load sized from the in-process baseline measured first (recorded, not measured again)
+    peak = peak_users_for(baseline["requests_per_s"], baseline["p50_ms"] / 1000, (0.05, 0.5))
+    assert max(s["users"] for s in summary["stages"]) == peak
+    assert f"peak {peak} users: the in-process baseline served {baseline['requests_per_s']:.2f} requests/s" in captured.err
+
+
+def test_a_load_that_breaks_the_endpoint_is_the_demos_finding(tmp_path, capsys):
+    """Every request past its (1 ms) timeout: the demo still writes the report and the capacity,
+    names the breaking point and exits 0."""
+    code = main(["demo", "--model", "test_resnet", "--out", str(tmp_path / "artifacts"), "--results",
+                 str(tmp_path / "results"), "--memory-limit", "300M", "--time-scale", "0.03", "--max-copies", "2",
+                 "--peak-users", "20", "--timeout", "0.001"])
+    out = capsys.readouterr().out
+    assert code == 0
+    html = next((tmp_path / "results").glob("demo-*-test_resnet/report.html"))
+    run_dir = html.parent
+    assert f"open {html}" in out and (run_dir / "capacity.json").is_file()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    overall = summary["overall"]
+    assert overall["failure_rate"] > 0.01 and max(s["users"] for s in summary["stages"]) == 20
+    assert f"the load broke the endpoint: {overall['failures']} of {overall['requests']} requests failed" in out
+    broke = (f"{overall['breaking_users']} users ({overall['breaking_failures']} of {overall['breaking_requests']} "
+             "requests failed)")
+    expected = (f"failures from the first stage on: {broke}" if overall["before_breaking_stage"] is None else
+                f"{overall['before_breaking_users']} users at {overall['before_breaking_rps']:.2f} requests/s; "
+                f"first failures at {broke}")
+    assert f"breaking point: {expected}" in out
+    assert "breaking point (the last stage before the first failures)" in (run_dir / "report.md").read_text()
 
 
 def test_demo_fleet_puts_the_predicted_hit_ratio_next_to_the_measured_one(tmp_path, capsys):

@@ -170,3 +170,20 @@ def test_measurements_without_unload_seconds_still_read(tmp_path):
     new = FleetMeasurement(loaded.memory_kind, 1, 0, (replace(loaded.models[0], unload_seconds=2.01),))
     (tmp_path / "n.json").write_text(json.dumps(new.to_dict()))
     assert FleetMeasurement.load(tmp_path / "n.json").models[0].unload_seconds == 2.01
+
+
+def test_the_demo_fleets_rate_keeps_half_the_measured_callers_in_flight():
+    from sizing.fleet import mean_latency_s, open_loop_rate
+
+    measurement = FleetMeasurement("host RSS", 30 * MIB, 10 * MIB, (
+        ModelFootprint("a", "a.tar.gz", "cpu-local", "art/a", 50 * MIB, 60 * MIB, 1.5, latency_seconds=0.02),
+        ModelFootprint("b", "b.tar.gz", "cpu-local", "art/b", 50 * MIB, 60 * MIB, 1.5, latency_seconds=0.04)))
+    simulation = {"models": [{"target": "a.tar.gz", "requests": 30, "waited": 10, "mean_wait_s": 1.8},
+                             {"target": "b.tar.gz", "requests": 10, "waited": 10, "mean_wait_s": 2.0}]}
+    prediction = {"plans": [{"simulation": simulation}]}
+    # (10 x 1.8 + 30 x 0.02 + 10 x 2.0 + 10 x 0.04) / 40 requests = 0.975 s a request
+    assert mean_latency_s(prediction, measurement) == pytest.approx(0.975)
+    assert open_loop_rate(3.0, prediction, measurement, 16) == 3.0  # 2.9 in flight: within half of 16
+    assert open_loop_rate(20.0, prediction, measurement, 16) == pytest.approx(8 / 0.975)
+    empty = {"plans": [{"simulation": {"models": []}}]}
+    assert open_loop_rate(5.0, empty, measurement, 16) == 5.0
