@@ -14,7 +14,7 @@ from sizing.capacity_report import format_table
 
 @pytest.mark.integration
 def test_capacity_prediction_matches_what_fits(packaged_test_resnet, tmp_path, capsys):
-    code = main(["capacity", str(packaged_test_resnet.directory), "--memory-limit", "850M", "--probe-copies", "2",
+    code = main(["capacity", str(packaged_test_resnet.directory), "--memory-limit", "1100M", "--probe-copies", "2",
                  "--cycles", "2", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0
