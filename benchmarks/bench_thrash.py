@@ -146,6 +146,7 @@ def run(args: argparse.Namespace, models: Path, base: str, body: bytes, name: st
     warm: list[float] = []
     cold: list[float] = []
     errors: Counter[str] = Counter()
+    messages: dict[str, str] = {}  # the first message of each error code
     lock = threading.Lock()
     stop_at = time.monotonic() + args.duration
 
@@ -159,6 +160,7 @@ def run(args: argparse.Namespace, models: Path, base: str, body: bytes, name: st
                 code = getattr(exc, "response", {}).get("Error", {}).get("Code") or type(exc).__name__
                 with lock:
                     errors[code] += 1
+                    messages.setdefault(code, str(exc))
                 continue
             with lock:
                 (warm if hit else cold).append(time.perf_counter() - start)
@@ -190,7 +192,7 @@ def run(args: argparse.Namespace, models: Path, base: str, body: bytes, name: st
     result = {
         "schema_version": 2, "tree": str(args.tree or ROOT), "model": name, "copies": args.copies, "fit": args.fit,
         "zipf": args.zipf, "users": args.users, "limit_bytes": limit, "seconds": round(elapsed, 1), "ok": ok,
-        "ok_per_s": round(rps, 2), "errors": dict(errors), "miss_ratio": round(miss, 4),
+        "ok_per_s": round(rps, 2), "errors": dict(errors), "error_messages": messages, "miss_ratio": round(miss, 4),
         "mean_load_s": round(load_s, 3), "mean_unload_s": round(unload_s, 3), "mean_warm_ms": round(warm_s * 1e3, 2),
         "bound": limits, "of_bound": round(rps / limits["rps"], 3) if limits["rps"] else None,
         "p50_ms": round(float(np.percentile(ms, 50)), 1) if ok else None,
@@ -198,16 +200,20 @@ def run(args: argparse.Namespace, models: Path, base: str, body: bytes, name: st
         "max_ms": round(float(ms.max()), 1) if ok else None,
         "model_loads": counts.get("ModelLoads"), "model_evictions": counts.get("ModelEvictions"),
         "loads_above_threshold": counts.get("LoadsAboveThreshold"),
+        "unknown_model_resends": counts.get("UnknownModelResends"),
     }
     print(f"{args.users} users over {args.copies} copies of {name} ({args.fit} fit, Zipf {args.zipf:g}) for "
           f"{result['seconds']} s: {ok} ok, {sum(errors.values())} failed {dict(errors) or ''}")
+    for code, message in messages.items():
+        print(f"  first {code}: {message}")
     print(f"  {rps:.2f} req/s; bound {limits['rps']} req/s = users / (m(L + U) + (1 - m)h) with miss ratio m "
           f"{miss:.3f}, load L {load_s:.2f} s, unload U {unload_s:.2f} s, warm h {warm_s * 1e3:.1f} ms: "
           f"{result['of_bound']} of the bound (issue 33's target: at least 0.8, no failure); "
           f"{limits['rps_if_unloads_were_free']} req/s if unloads cost nothing")
     print(f"  p50 {result['p50_ms']} ms, p95 {result['p95_ms']} ms, max {result['max_ms']} ms; loads "
           f"{result['model_loads']}, evictions {result['model_evictions']}, above threshold "
-          f"{result['loads_above_threshold']}")
+          f"{result['loads_above_threshold']}, sent again after Triton's transient 'unknown model' "
+          f"{result['unknown_model_resends']}")
     save_result(args.out, "bench_thrash.json", result)
     return 0
 

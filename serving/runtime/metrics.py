@@ -84,6 +84,7 @@ COUNTS: dict[str, str] = {
     "ModelEvictions": "models unloaded to make room (not a CloudWatch metric)",
     "ContainerRestarts": "serving container crashes recovered (not a CloudWatch metric)",
     "ModelWorkerFailures": "models whose worker process died, unloaded to reload on demand (not a CloudWatch metric)",
+    "UnknownModelResends": "invocations sent again because Triton answered 'unknown model' for a model it holds (not a CloudWatch metric)",
     "LoadsAboveThreshold": "loads that left memory above the eviction threshold: nothing idle was left to unload "
                            "(not a CloudWatch metric)",
 }
@@ -239,6 +240,10 @@ class EndpointMetrics:
     def worker_failed(self) -> None:
         with self._lock:
             self._counts["ModelWorkerFailures"] += 1
+
+    def unknown_model_resent(self) -> None:
+        with self._lock:
+            self._counts["UnknownModelResends"] += 1
 
     def load_above_threshold(self) -> None:
         with self._lock:

@@ -67,6 +67,7 @@ class FakeContainer:
         self.crash_on_invoke: set[str] = set()  # the server dies under their next invocation
         self.running: dict[str, int] = {}  # invocations in the container now
         self.unloaded_while_busy: list[str] = []
+        self.unknown: dict[str, int] = {}  # their next invocations are answered "unknown model", this many times
         self.server = FakeServer(self)
 
     def used(self) -> int:
@@ -97,6 +98,11 @@ class FakeContainer:
                 self.server.running = False
                 self.loaded.clear()
                 raise ContainerUnreachable("Server disconnected")
+            if self.unknown.get(target):
+                self.unknown[target] -= 1
+                self.calls.append(("unknown", target))
+                return 400, {"Content-Type": "application/json"}, (
+                    b'{"error":"Request for unknown model: \'%s\' is not found"}' % target.encode())
             self.calls.append(("answered", target))
             return 200, {"Content-Type": "application/json"}, OK_BODY
         finally:
@@ -231,6 +237,31 @@ def test_a_container_that_does_not_answer_but_lives_is_a_503_without_a_restart()
         reply = sagemaker_reply(outcome, endpoint.config)
         assert reply.status == 503 and json.loads(reply.body)["Message"] == (
             "The serving container did not answer: Connection reset by peer. Retrying can help.")
+        await endpoint.close()
+
+    run(main())
+
+
+def test_an_unknown_model_answer_for_a_loaded_model_is_sent_once_more():
+    """Triton answers "unknown model", for one request, for a model it holds while another model's
+    repository is registered (seen under thrash): the request goes once more, nothing is reloaded;
+    a second such answer is the request's ModelError."""
+
+    async def main():
+        container = FakeContainer()
+        endpoint = await endpoint_for(container)
+        assert isinstance(await invoke(endpoint, "a.tar.gz"), out.Invoked)
+        container.unknown["a.tar.gz"] = 1
+        outcome = await invoke(endpoint, "a.tar.gz")
+        assert isinstance(outcome, out.Invoked) and outcome.hit is True
+        assert container.calls[3:] == [("invoke", "a.tar.gz"), ("unknown", "a.tar.gz"), ("invoke", "a.tar.gz"),
+                                       ("answered", "a.tar.gz")]
+        assert endpoint.metrics.snapshot()["counts"]["UnknownModelResends"] == 1
+        container.unknown["a.tar.gz"] = 2
+        outcome = await invoke(endpoint, "a.tar.gz")
+        assert isinstance(outcome, out.InvokeFailed) and outcome.status == 400
+        assert sagemaker_reply(outcome, endpoint.config).status == 424
+        assert [c for c in container.calls if c[0] == "load"] == [("load", "a.tar.gz")]
         await endpoint.close()
 
     run(main())
