@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 import re
+import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -15,7 +16,6 @@ from pathlib import Path
 from typing import Any, Callable, Coroutine, Mapping
 
 import uvloop
-from aiohttp import web
 
 from mme.errors import UsageError
 from mme.network import is_loopback
@@ -32,7 +32,8 @@ from serving.monitor.memory import DEFAULT_MEMORY_THRESHOLD, MemoryMeter, choose
 from serving.runtime import errors_sagemaker as sm
 from serving.runtime.endpoint import SAGEMAKER_TIMEOUT_S, EndpointConfig, MultiModelEndpoint
 from serving.runtime.exposure import PythonBackendWarner, open_front_warning
-from serving.runtime.front import build_app
+from serving.runtime.front import Front
+from serving.runtime.http_server import HttpServer, bind_listener
 from serving.runtime.realtime import RealTimeEndpoint
 from serving.runtime.sigv4_verify import ACCESS_KEY_ENV, SECRET_KEY_ENV, Credentials
 from serving.runtime.startup_checks import check_server_runs, served_targets
@@ -200,7 +201,8 @@ class LocalEndpoint:
         self.port: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
+        self._http: HttpServer | None = None
+        self._listener: socket.socket | None = None  # bound first: a port in use is said before Triton starts
         self._watchdog: asyncio.Task | None = None
 
     def _start_single(self, kind: ServerKind) -> SingleModelStack:
@@ -276,11 +278,10 @@ class LocalEndpoint:
             self.endpoint = MultiModelEndpoint(self.cache, self.server, config, self.memory_used, self.reporter,
                                                instance_sampler=self.sampler)
         await self.endpoint.start()
-        self._runner = web.AppRunner(build_app(self.endpoint, self.credentials), access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.options.host, self.options.port, backlog=1024)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
+        assert self._listener is not None  # bound by start_in_thread
+        self._http = HttpServer(Front(self.endpoint, self.credentials), self._listener)
+        await self._http.start()
+        self.port = self._http.port
         self._watchdog = asyncio.get_running_loop().create_task(self.endpoint.watchdog())
 
     async def _stop_async(self) -> None:
@@ -290,19 +291,25 @@ class LocalEndpoint:
                 await self._watchdog
         if self.endpoint is not None:
             self.endpoint.begin_shutdown()  # requests waiting for a load answer now
-        if self._runner is not None:
-            await self._runner.cleanup()
+        if self._http is not None:
+            await self._http.stop()
         if self.endpoint is not None:
             await self.endpoint.close()
 
     def start_in_thread(self) -> "LocalEndpoint":
         """Start everything; the HTTP front runs on a daemon thread's event loop."""
-        self.server.start()
+        self._listener = bind_listener(self.options.host, self.options.port)
+        try:
+            self.server.start()
+        except BaseException:
+            self._listener.close()
+            raise
         for notice in self.server.notices:
             self.reporter.warn(notice)
         try:
             self._loop, self._thread = start_loop_thread(self._start_async, "mme-endpoint")
         except BaseException:
+            self._listener.close()  # a no-op when the front had started on it
             self.server.stop()
             raise
         return self
