@@ -18,7 +18,7 @@ test that counts client calls sees fewer calls than the server saw requests.
 from __future__ import annotations
 
 import json
-import uuid
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -89,7 +89,15 @@ def _output_header_names() -> dict[str, str]:
 
 
 def _request_id(request_id: str | None) -> str:
-    return request_id or str(uuid.uuid4())
+    """A new random (version 4) UUID, as SageMaker's x-amzn-RequestId, unless one is given. Made from
+    16 random bytes directly: on every reply, and uuid.uuid4() costs several times more."""
+    if request_id:
+        return request_id
+    h = os.urandom(16).hex()
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT_NIBBLE[int(h[16], 16) & 3]}{h[17:20]}-{h[20:]}"
+
+
+_VARIANT_NIBBLE = "89ab"  # RFC 9562: the variant bits 10xx
 
 
 def error_reply(code: str, message: str, *, request_id: str | None = None, **fields: Any) -> HttpReply:

@@ -58,7 +58,7 @@ class Forwarder:
         self._latency: dict[str, float] = {}  # EWMA of each target's answered invocations, seconds
         self.hedged = 0  # second copies sent
         self.single_model = single_model  # a real-time endpoint's container: POST /invocations, no target
-        self._paths: dict[str, str] = {}  # target -> its invoke path (the hash of its name)
+        self._heads: dict[tuple[str, str, str | None], bytes] = {}  # (target, type, accept) -> request head
 
     def outstanding(self, target: str) -> int:
         """Requests of ``target`` sent to the container and not answered yet (slower copies included)."""
@@ -70,18 +70,15 @@ class Forwarder:
         self._pool.close()
 
     async def invoke(self, target: str, body: bytes, content_type: str, accept: str | None) -> Reply:
-        if self.single_model:
-            headers, url = invoke_headers(content_type, accept, None), INVOCATIONS_PATH
-        else:
-            headers, url = invoke_headers(content_type, accept, target), self._path(target)
+        head = self._head(target, content_type, accept)
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
             async with asyncio.timeout(self.timeout_s):
                 if self._loads_in_flight():
-                    reply = await self._hedged(target, url, body, headers)
+                    reply = await self._hedged(target, head, body)
                 else:
-                    reply = await self._post(url, body, headers, target)
+                    reply = await self._post(head, body, target)
         except TimeoutError:
             raise InvocationTimedOut(target) from None
         seconds = loop.time() - started
@@ -89,18 +86,24 @@ class Forwarder:
         self._latency[target] = seconds if previous is None else previous + EWMA_WEIGHT * (seconds - previous)
         return reply
 
-    def _path(self, target: str) -> str:
-        path = self._paths.get(target)
-        if path is None:
-            if len(self._paths) > 4096:  # targets are unbounded: keep the cache small
-                self._paths.clear()
-            path = self._paths[target] = invoke_path(cache_key(target))
-        return path
+    def _head(self, target: str, content_type: str, accept: str | None) -> bytes:
+        """The request's line and headers up to its length, made once per target, type and accept."""
+        key = (target, content_type, accept)
+        head = self._heads.get(key)
+        if head is None:
+            if len(self._heads) > 4096:  # targets are unbounded: keep the cache small
+                self._heads.clear()
+            if self.single_model:
+                headers, path = invoke_headers(content_type, accept, None), INVOCATIONS_PATH
+            else:
+                headers, path = invoke_headers(content_type, accept, target), invoke_path(cache_key(target))
+            head = self._heads[key] = self._pool.head(path, headers)
+        return head
 
-    async def _post(self, path: str, body: bytes, headers: dict, target: str, fresh: bool = False) -> Reply:
+    async def _post(self, head: bytes, body: bytes, target: str, fresh: bool = False) -> Reply:
         self._outstanding[target] += 1
         try:
-            return await self._pool.post(path, headers, body, fresh=fresh)
+            return await self._pool.post_head(head, body, fresh=fresh)
         except OSError as exc:  # no answer (refused, reset, not HTTP): the container is unreachable
             raise unreachable(exc) from exc
         finally:
@@ -110,14 +113,14 @@ class Forwarder:
                 if self._on_idle is not None:
                     self._on_idle(target)
 
-    async def _hedged(self, target: str, url: str, body: bytes, headers: dict) -> Reply:
-        pending = {asyncio.ensure_future(self._post(url, body, headers, target, fresh=True))}
+    async def _hedged(self, target: str, head: bytes, body: bytes) -> Reply:
+        pending = {asyncio.ensure_future(self._post(head, body, target, fresh=True))}
         hedge_after = max(MIN_HEDGE_S, HEDGE_FACTOR * self._latency.get(target, 0.0))
         try:
             done, pending = await asyncio.wait(pending, timeout=hedge_after)
             if not done:
                 self.hedged += 1
-                pending.add(asyncio.ensure_future(self._post(url, body, headers, target, fresh=True)))
+                pending.add(asyncio.ensure_future(self._post(head, body, target, fresh=True)))
             error: BaseException | None = None
             while True:
                 for task in done:

@@ -123,12 +123,21 @@ class KeepAlivePool:
         self._open: set[_Connection] = set()
         self._slots = asyncio.Semaphore(limit)  # kept-alive connections in use at once
 
-    async def post(self, path: str, headers: Mapping[str, str], body: bytes, *, fresh: bool = False) -> Reply:
-        lines = [f"POST {path} HTTP/1.1\r\n".encode(), self._host, b"Content-Length: %d\r\n" % len(body)]
-        if fresh:
-            lines.append(b"Connection: close\r\n")
+    def head(self, path: str, headers: Mapping[str, str]) -> bytes:
+        """The start of a ``POST path`` with ``headers``: what :meth:`post` sends before the body's
+        length (callers that send the same head again keep it, serving/runtime/forward.py)."""
+        lines = [f"POST {path} HTTP/1.1\r\n".encode(), self._host]
         lines += [f"{name}: {value}\r\n".encode("utf-8", "surrogateescape") for name, value in headers.items()]
-        head = b"".join(lines) + b"\r\n"
+        return b"".join(lines)
+
+    async def post(self, path: str, headers: Mapping[str, str], body: bytes, *, fresh: bool = False) -> Reply:
+        return await self.post_head(self.head(path, headers), body, fresh=fresh)
+
+    async def post_head(self, start: bytes, body: bytes, *, fresh: bool = False) -> Reply:
+        """``POST`` with the head :meth:`head` made, on a kept-alive connection, or on a new one
+        closed after its answer (``fresh``)."""
+        head = start + (b"Content-Length: %d\r\nConnection: close\r\n\r\n" if fresh
+                        else b"Content-Length: %d\r\n\r\n") % len(body)
         if fresh:
             return await self._send(await self._connect(), head, body, keep=False)
         async with self._slots:
