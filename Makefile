@@ -105,8 +105,12 @@ bench-client-cost: $(STAMP) ## client CPU per request: boto3 invoke_endpoint vs 
 bench-front: $(STAMP) ## the local front's added cost over calling Triton directly
 	$(BIN)/python benchmarks/bench_front.py
 
-bench-cold-start: $(STAMP) ## cold start of MODEL on the local MME: download, extract, load, first inference
+bench-cold-start: $(STAMP) $(OUT)/$(MODEL)/cpu-local/manifest.json ## cold start of MODEL on the local MME: download, extract, load, first inference (packages MODEL first when it is not there)
 	$(BIN)/python benchmarks/bench_cold_start.py $(OUT)/$(MODEL)/cpu-local
+
+# The artifact a benchmark runs on, packaged with make package's defaults when it is not there yet.
+$(OUT)/%/cpu-local/manifest.json: | $(STAMP)
+	$(MME) package $* --formats $(FORMATS) --out $(OUT)
 
 bench-churn: $(STAMP) ## warm latency while other models load, and two cold loads at once, on the local MME
 	$(BIN)/python benchmarks/bench_load_churn.py
