@@ -92,7 +92,7 @@ def run_in_image_site(site: Path, code: str) -> subprocess.CompletedProcess:
 def test_the_image_site_holds_the_closure_only(tmp_path):
     site = image_site(tmp_path, dependency_closure(requirement_lines("serving")))
     names = {p.name for p in site.iterdir()}
-    assert {"aiohttp", "numpy", "tritonclient", "onnxruntime"} <= names
+    assert {"aiohttp", "uvicorn", "httptools", "numpy", "tritonclient", "onnxruntime"} <= names
     assert not names & {"torch", "timm", "transformers", "locust"}
     done = run_in_image_site(site, "import importlib.util; print(importlib.util.find_spec('torch'))")
     assert done.stdout.strip() == "None", done.stderr
