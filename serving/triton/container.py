@@ -27,8 +27,8 @@ Triton's error bodies. How a connection reaches the server (plain TCP, or a sock
 broker of Triton's private network namespace: ``http+netns://`` URLs) is
 serving/triton/container_transport.py's. :class:`ContainerClient` makes the management calls (blocking, on
 ``requests``; :class:`ContainerControl` runs them off an event loop, each on its own
-connection); serving/runtime/forward.py sends the invocations on aiohttp through :func:`invoke_path`,
-:func:`invoke_headers` and :func:`unreachable`.
+connection); serving/runtime/forward.py sends the invocations (on serving/triton/invoke_http.py's
+keep-alive client) through :func:`invoke_path`, :func:`invoke_headers` and :func:`unreachable`.
 
 Triton resolves a load's ``url`` as a directory holding one model directory (the tarball
 extracted, as SageMaker does under ``/opt/ml/models/<hash>/model``); a ``config.pbtxt`` at
