@@ -210,11 +210,10 @@ class MultiModelEndpoint:
         """What the request came to (serving/runtime/front.py answers it as SageMaker does)."""
         if not target:
             return out.MissingTarget()
-        if target not in self._loaded:  # a loaded target's name was checked before its load
-            try:
-                target = validate_target_name(target)
-            except InvalidTargetName as exc:
-                return out.InvalidTarget(exc)
+        try:  # a loaded target's name was checked before its load
+            target = target if target in self._loaded else validate_target_name(target)
+        except InvalidTargetName as exc:
+            return out.InvalidTarget(exc)
         if len(body) > self.config.max_payload_bytes:
             return out.PayloadTooLarge(self.config.max_payload_bytes)
         start = time.perf_counter()
